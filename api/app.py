@@ -1,0 +1,101 @@
+"""create_app(): the one place that wires the service together."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme, Tag
+
+from api.auth import PUBLIC_PATHS, AuthMiddleware
+from api.docs import docs_handlers, swagger_assets
+from api.errors import exception_handlers
+from api.mcp import mcp_handlers
+from api.routes import route_handlers
+from api.settings import Settings
+from api.wiring import Memex
+
+__all__ = ["create_app", "openapi_config", "API_VERSION"]
+
+API_VERSION = "1.0.0"
+log = logging.getLogger("memex")
+
+
+def openapi_config() -> OpenAPIConfig:
+    js_url, css_url = swagger_assets()
+    swagger = (
+        SwaggerRenderPlugin(js_url=js_url, css_url=css_url,
+                            standalone_preset_js_url=js_url.replace("swagger-ui-bundle", "swagger-ui-standalone-preset"))
+        if js_url
+        else SwaggerRenderPlugin()
+    )
+    plugins = [swagger, ScalarRenderPlugin()]
+    return OpenAPIConfig(
+        title="Memex API",
+        version=API_VERSION,
+        description=(
+            "Multi-tenant memory for AI agents. Authenticate with `Authorization: Bearer <api key>` (from sign-up or "
+            "POST /v1/keys) or, behind Cloudflare Access, the `Cf-Access-Jwt-Assertion` header. Every error is "
+            '`{"error": {"code", "message", "details"}}`. Agents connect over MCP at `/orgs/{slug}/mcp`.'
+        ),
+        path="/schema",
+        render_plugins=plugins,
+        components=Components(
+            security_schemes={
+                "apiKey": SecurityScheme(type="http", scheme="bearer", bearer_format="mx_<id>_<secret>",
+                                         description="An organization API key"),
+                "accessJwt": SecurityScheme(type="apiKey", name="Cf-Access-Jwt-Assertion", security_scheme_in="header",
+                                            description="A Cloudflare Access application token"),
+            }
+        ),
+        security=[{"apiKey": []}, {"accessJwt": []}],
+        tags=[
+            Tag(name="organizations", description="Sign-up and the caller's organization"),
+            Tag(name="keys", description="API keys (admin scope)"),
+            Tag(name="access", description="Cloudflare Access members and service tokens (admin scope)"),
+            Tag(name="thoughts", description="Captured notes"),
+            Tag(name="search", description="Hybrid search"),
+            Tag(name="second-brain compatibility", description="The seed's original routes"),
+            Tag(name="operations", description="Health"),
+        ],
+        use_handler_docstrings=False,
+    )
+
+
+def create_app(settings: Settings | None = None, *, memex: Memex | None = None, start_worker: bool | None = None) -> Litestar:
+    settings = settings or (memex.settings if memex else Settings.from_env())
+    holder: dict[str, Memex] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar):
+        m = memex or Memex(settings)
+        holder["m"] = m
+        app.state.memex = m
+        applied = await m.start(worker=start_worker)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+        try:
+            yield
+        finally:
+            await m.stop()
+
+    return Litestar(
+        route_handlers=[*route_handlers, *mcp_handlers, *docs_handlers()],
+        lifespan=[lifespan],
+        middleware=[DefineMiddleware(AuthMiddleware, exclude=PUBLIC_PATHS)],
+        exception_handlers=exception_handlers,
+        openapi_config=openapi_config(),
+        cors_config=CORSConfig(
+            allow_origins=["*"],
+            allow_headers=["authorization", "content-type", "accept", "mcp-protocol-version", "mcp-session-id",
+                           "cf-access-jwt-assertion", "memex-organization", "idempotency-key"],
+            expose_headers=["Mcp-Session-Id", "Retry-After"],
+        ),
+        request_max_body_size=8 * 1024 * 1024,
+        debug=False,
+    )

@@ -1,0 +1,187 @@
+"""The ``memex`` command: serve, migrate, and organization / key administration from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+from api.settings import Settings
+
+__all__ = ["main"]
+
+
+def _settings(args: argparse.Namespace, **extra) -> Settings:
+    overrides = dict(extra)
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = Path(args.data_dir)
+    return Settings.from_env(**overrides)
+
+
+def _memex(settings: Settings):
+    from api.wiring import Memex
+
+    return Memex(settings.with_(run_worker=False))
+
+
+async def _with_memex(settings: Settings, fn):
+    memex = _memex(settings)
+    try:
+        await memex.start(worker=False)
+        return await fn(memex)
+    finally:
+        await memex.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = _settings(args)
+    base = settings.public_url or f"http://{args.host}:{args.port}"
+    app = create_app(settings)
+    print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, data={settings.data_dir.resolve()})")
+    print(f"  API docs:     {base}/schema/swagger   (OpenAPI: {base}/schema/openapi.json)")
+    print(f"  Get a key:    curl -s -X POST {base}/v1/signup -H 'content-type: application/json' -d '{{\"name\": \"Acme\", \"slug\": \"acme\"}}'")
+    print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
+    sys.stdout.flush()
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from services.migrate import apply_pending
+
+    async def run(memex):
+        return await apply_pending(memex.backend.db)
+
+    settings = _settings(args)
+    memex = _memex(settings)
+
+    async def go():
+        try:
+            return await run(memex)
+        finally:
+            await memex.stop()
+
+    applied = asyncio.run(go())
+    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    return 0
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_org_create(args: argparse.Namespace) -> int:
+    async def run(memex):
+        org, issued = await memex.orgs.create(name=args.name, slug=args.slug)
+        return {"organization": {"id": org.id, "slug": org.slug, "name": org.name, "created_at": org.created_at},
+                "api_key": {"id": issued.record.id, "key": issued.raw, "scopes": issued.record.scopes}}
+
+    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print("Store the key now: it is not shown again.", file=sys.stderr)
+    return 0
+
+
+def _org_keys(memex, slug: str):
+    async def get():
+        org = await memex.orgs.by_slug(slug)
+        return memex.keys.for_org(org.id)
+
+    return get()
+
+
+def cmd_key_create(args: argparse.Namespace) -> int:
+    async def run(memex):
+        keys = await _org_keys(memex, args.org)
+        issued = await keys.create(name=args.name, scopes=args.scopes.split(","), expires_at=args.expires_at)
+        return {"id": issued.record.id, "key": issued.raw, "scopes": issued.record.scopes, "expires_at": issued.record.expires_at}
+
+    _print(asyncio.run(_with_memex(_settings(args), run)))
+    return 0
+
+
+def cmd_key_list(args: argparse.Namespace) -> int:
+    async def run(memex):
+        keys = await _org_keys(memex, args.org)
+        return [dataclasses.asdict(r) for r in await keys.list()]
+
+    _print(asyncio.run(_with_memex(_settings(args), run)))
+    return 0
+
+
+def cmd_key_revoke(args: argparse.Namespace) -> int:
+    async def run(memex):
+        keys = await _org_keys(memex, args.org)
+        r = await keys.revoke(args.key_id)
+        return {"id": r.id, "revoked_at": r.revoked_at}
+
+    _print(asyncio.run(_with_memex(_settings(args), run)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memex", description="Memex: multi-tenant memory for AI agents")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def data_dir(sp):
+        sp.add_argument("--data-dir", default=None, help="directory for the SQLite file and vector index (default ./data or MEMEX_DATA_DIR)")
+
+    s = sub.add_parser("serve", help="apply migrations and serve the API and MCP")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--log-level", default="info")
+    data_dir(s)
+    s.set_defaults(fn=cmd_serve)
+
+    m = sub.add_parser("migrate", help="apply pending migrations")
+    data_dir(m)
+    m.set_defaults(fn=cmd_migrate)
+
+    org = sub.add_parser("org", help="organizations").add_subparsers(dest="org_command", required=True)
+    oc = org.add_parser("create", help="create an organization and its first admin key")
+    oc.add_argument("--name", required=True)
+    oc.add_argument("--slug", required=True)
+    data_dir(oc)
+    oc.set_defaults(fn=cmd_org_create)
+
+    key = sub.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
+    kc = key.add_parser("create", help="create a key (printed once)")
+    kc.add_argument("--org", required=True, help="organization slug")
+    kc.add_argument("--name", required=True)
+    kc.add_argument("--scopes", default="read,write", help="comma-separated: read,write,admin")
+    kc.add_argument("--expires-at", type=int, default=None, help="epoch ms")
+    data_dir(kc)
+    kc.set_defaults(fn=cmd_key_create)
+    kl = key.add_parser("list", help="list keys (never a secret)")
+    kl.add_argument("--org", required=True)
+    data_dir(kl)
+    kl.set_defaults(fn=cmd_key_list)
+    kr = key.add_parser("revoke", help="revoke a key")
+    kr.add_argument("--org", required=True)
+    kr.add_argument("key_id")
+    data_dir(kr)
+    kr.set_defaults(fn=cmd_key_revoke)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    from services.errors import MemexError
+
+    try:
+        return args.fn(args)
+    except MemexError as exc:
+        print(f"error: {exc.message} {json.dumps(exc.details) if exc.details else ''}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Every error leaves as ``{"error": {"code", "message", "details"}}`` with the right status: the one mapper."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+
+from services.errors import MemexError, RateLimited
+
+__all__ = ["ErrorBody", "ErrorDetail", "exception_handlers", "error_response", "error_responses"]
+
+log = logging.getLogger("memex.api")
+
+_CODES = {
+    400: "invalid_input",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+    500: "internal",
+    503: "backend_unavailable",
+}
+
+
+class ErrorDetail(msgspec.Struct):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None, headers=None) -> Response:
+    return Response(
+        content={"error": {"code": code, "message": message, "details": details or {}}},
+        status_code=status,
+        media_type=MediaType.JSON,
+        headers=headers,
+    )
+
+
+def _memex(_: Request, exc: MemexError) -> Response:
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+    if exc.status >= 500:
+        log.warning("backend error: %s %s", exc.message, exc.details)
+    return error_response(exc.status, exc.code, exc.message, exc.details, headers)
+
+
+def _http(_: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    details: dict[str, Any] = {}
+    message = exc.detail or "error"
+    if isinstance(exc, ValidationException) or status == 400:
+        status = 400
+        if isinstance(exc.extra, list):
+            details["errors"] = [
+                {k: v for k, v in e.items() if k in ("key", "message", "source")} if isinstance(e, dict) else str(e)
+                for e in exc.extra
+            ]
+        elif isinstance(exc.extra, dict):
+            details.update(exc.extra)
+    return error_response(status, _CODES.get(status, "error"), message, details, exc.headers)
+
+
+def _internal(_: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal", "internal server error")
+
+
+exception_handlers = {MemexError: _memex, HTTPException: _http, Exception: _internal}
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    descriptions = {
+        400: "Invalid input",
+        401: "Missing or invalid credentials",
+        403: "The credential lacks the scope this needs",
+        404: "Not found (or not yours)",
+        409: "Conflict",
+        413: "Payload too large",
+        429: "Rate limited; see Retry-After",
+    }
+    return {
+        s: ResponseSpec(data_container=ErrorBody, description=descriptions.get(s, "Error"), generate_examples=False)
+        for s in statuses
+    }

@@ -1,0 +1,203 @@
+"""The per-organization MCP endpoint: Streamable HTTP, stateless, JSON responses.
+
+Each POST builds a fresh low-level MCP Server for this request and this organization, answers, and is gone:
+no tenant identity survives in any shared object. The tool list follows the credential's scopes (a key
+without ``write`` never sees a write tool). ``/orgs/{slug}/mcp`` must name the caller's own organization
+(404 otherwise); ``/mcp`` takes the organization from the credential. GET and DELETE are 405: a stateless
+server has no stream to open and no session to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as t
+import msgspec
+from litestar import Request, route
+from litestar.types import ASGIApp, Receive, Scope, Send
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from api.errors import error_response
+from api.wiring import Memex, OrgServices
+from services.errors import MemexError, NotFound
+from services.models import CaptureResult, SearchResult, ThoughtDetail, ThoughtPage
+from services.search import SearchOptions
+
+__all__ = ["mcp_handlers", "McpTool", "TOOLS", "register_tools"]
+
+
+def output_schema(tp: Any) -> dict[str, Any]:
+    """A self-contained JSON Schema object for a msgspec type (top-level $ref resolved, $defs kept)."""
+    (schema,), defs = msgspec.json.schema_components([tp], ref_template="#/$defs/{name}")
+    if "$ref" in schema:
+        schema = dict(defs[schema["$ref"].rsplit("/", 1)[1]])
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def to_plain(value: Any) -> dict[str, Any]:
+    return msgspec.to_builtins(value)
+
+
+@dataclass(frozen=True)
+class McpTool:
+    name: str
+    scope: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    run: Callable[[OrgServices, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+    def definition(self) -> t.Tool:
+        return t.Tool(name=self.name, description=self.description, inputSchema=self.input_schema,
+                      outputSchema=self.output_schema)
+
+
+def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+_ID = {"type": "string", "minLength": 1, "maxLength": 64}
+
+
+async def _capture(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    return to_plain(await org.thoughts.capture(a["content"], source=a.get("source"), metadata=a.get("metadata")))
+
+
+async def _search(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    return to_plain(
+        await org.search.search(
+            SearchOptions(query=a["query"], top_k=a.get("top_k", 10), tags=a.get("tags") or (),
+                          include_content=a.get("include_content", False))
+        )
+    )
+
+
+async def _get(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    return to_plain(await org.thoughts.get(a["id"]))
+
+
+async def _delete(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    await org.thoughts.delete(a["id"])
+    return {"id": a["id"], "deleted": True}
+
+
+async def _recent(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    return to_plain(await org.thoughts.list_recent(limit=a.get("limit", 20), before=a.get("before"), before_id=a.get("before_id")))
+
+
+TOOLS: list[McpTool] = [
+    McpTool(
+        "capture_thought", "write",
+        "Save a markdown note to this organization's memory. Idempotent: the same content returns the same id.",
+        _obj({"content": {"type": "string", "minLength": 1, "description": "markdown text"},
+              "source": {"type": "string", "maxLength": 500, "description": "where it came from, e.g. obsidian:note.md"},
+              "metadata": {"type": "object", "description": "any JSON object"}}, ["content"]),
+        output_schema(CaptureResult), _capture,
+    ),
+    McpTool(
+        "semantic_search", "read",
+        "Search this organization's memory by meaning and keywords; returns the best matching passages.",
+        _obj({"query": {"type": "string", "minLength": 1, "maxLength": 4000},
+              "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
+              "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 50, "description": "any of these tags"},
+              "include_content": {"type": "boolean", "default": False, "description": "include each whole document"}},
+             ["query"]),
+        output_schema(SearchResult), _search,
+    ),
+    McpTool("get_thought", "read", "Fetch one thought with its chunks by id.", _obj({"id": _ID}, ["id"]),
+            output_schema(ThoughtDetail), _get),
+    McpTool(
+        "delete_thought", "write", "Delete a thought, its chunks and all its vectors.", _obj({"id": _ID}, ["id"]),
+        {"type": "object", "properties": {"id": {"type": "string"}, "deleted": {"type": "boolean"}}, "required": ["id", "deleted"]},
+        _delete,
+    ),
+    McpTool(
+        "list_recent", "read", "The most recent thoughts, newest first; page with before (epoch ms) and before_id.",
+        _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+              "before": {"type": "integer", "minimum": 0}, "before_id": {"type": "string", "maxLength": 64}}, []),
+        output_schema(ThoughtPage), _recent,
+    ),
+]
+
+#: Other features add their tools here (name -> tool); the endpoint offers every tool the scopes allow.
+_REGISTRY: dict[str, McpTool] = {tool.name: tool for tool in TOOLS}
+
+
+def register_tools(tools: list[McpTool]) -> None:
+    for tool in tools:
+        _REGISTRY[tool.name] = tool
+
+
+def build_server(org: OrgServices) -> Server:
+    server = Server("memex", version="1.0.0", instructions=f"Memory of the organization '{org.ctx.org_slug}'.")
+    visible = {name: tool for name, tool in _REGISTRY.items() if org.ctx.allows(tool.scope)}
+
+    @server.list_tools()
+    async def list_tools() -> list[t.Tool]:
+        return [tool.definition() for tool in visible.values()]
+
+    @server.call_tool()
+    async def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any] | t.CallToolResult:
+        tool = visible.get(name)
+        if tool is None:
+            return _tool_error("not_found", f"unknown tool {name!r}")
+        try:
+            return await tool.run(org, arguments or {})
+        except MemexError as exc:
+            return _tool_error(exc.code, exc.message, exc.details)
+
+    return server
+
+
+def _tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> t.CallToolResult:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return t.CallToolResult(content=[t.TextContent(type="text", text=msgspec.json.encode(body).decode())], isError=True)
+
+
+def _security(memex: Memex) -> TransportSecuritySettings | None:
+    s = memex.settings
+    if not s.mcp_allowed_hosts and not s.mcp_allowed_origins:
+        return None
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=s.mcp_allowed_hosts, allowed_origins=s.mcp_allowed_origins
+    )
+
+
+def _endpoint(request: Request, slug: str | None) -> ASGIApp:
+    memex: Memex = request.app.state.memex
+    ctx = request.user
+    if slug is not None and slug != ctx.org_slug:
+        raise NotFound("organization not found")
+    if request.method != "POST":
+        return error_response(405, "method_not_allowed", "this MCP endpoint is stateless: POST JSON-RPC messages",
+                              headers={"Allow": "POST"})
+    org = memex.for_org(ctx)
+    security = _security(memex)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        manager = StreamableHTTPSessionManager(app=build_server(org), stateless=True, json_response=True,
+                                               security_settings=security)
+        async with manager.run():
+            await manager.handle_request(scope, receive, send)
+
+    return app
+
+
+@route("/orgs/{org_slug:str}/mcp", http_method=["GET", "POST", "DELETE"], operation_id="mcpForOrg",
+       include_in_schema=False)
+async def mcp_for_org(request: Request, org_slug: str) -> ASGIApp:
+    return _endpoint(request, org_slug)
+
+
+@route("/mcp", http_method=["GET", "POST", "DELETE"], operation_id="mcp", include_in_schema=False)
+async def mcp_from_credential(request: Request) -> ASGIApp:
+    return _endpoint(request, None)
+
+
+mcp_handlers = [mcp_for_org, mcp_from_credential]

@@ -1,0 +1,236 @@
+"""REST controllers: thin; each calls the organization's bound services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.params import Parameter
+
+from api.auth import client_address, require
+from api.errors import error_responses
+from api.schemas import (
+    ApiKeyOut, CaptureIn, Health, IssuedKeyOut, KeyCreateIn, KeyList, MemberIn, MemberList, MemberOut,
+    OrganizationOut, SearchIn, SearchOut, ServiceTokenIn, ServiceTokenList, ServiceTokenOut, SignupIn, SignupOut,
+    WhoAmI,
+)
+from api.wiring import Memex, OrgServices
+from services.errors import RateLimited
+from services.models import CaptureResult, ThoughtDetail, ThoughtPage
+from services.search import SearchOptions
+from tenancy.keys import KeyRecord
+from tenancy.ratelimit import WindowLimiter
+
+__all__ = ["route_handlers", "org_services"]
+
+READ, WRITE, ADMIN = require("read"), require("write"), require("admin")
+AUTH_ERRORS = (401, 403, 429)
+
+
+async def org_services(request: Request) -> OrgServices:
+    return request.app.state.memex.for_org(request.user)
+
+
+def _key_out(r: KeyRecord) -> ApiKeyOut:
+    return ApiKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at)
+
+
+def mcp_url(request: Request, slug: str) -> str:
+    base = request.app.state.memex.settings.public_url or str(request.base_url).rstrip("/")
+    return f"{base}/orgs/{slug}/mcp"
+
+
+# -- public -----------------------------------------------------------------------------------------
+
+_signups: dict[int, WindowLimiter] = {}
+
+
+@post("/v1/signup", operation_id="signup", tags=["organizations"], security=[], exclude_from_auth=True,
+      responses=error_responses(400, 409, 429), summary="Create an organization and its first admin key")
+async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
+    memex: Memex = state.memex
+    limiter = _signups.setdefault(id(memex), WindowLimiter(memex.settings.signup_rate_per_hour, 3600))
+    wait = limiter.retry_after(client_address(request))
+    if wait:
+        raise RateLimited("too many sign-ups from this address", retry_after=wait)
+    org, issued = await memex.orgs.create(name=data.name, slug=data.slug)
+    limiter.hit(client_address(request))
+    r = issued.record
+    return SignupOut(
+        organization=OrganizationOut(org.id, org.slug, org.name, org.created_at),
+        api_key=IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at, key=issued.raw),
+        mcp_url=mcp_url(request, org.slug),
+    )
+
+
+@get("/health", operation_id="health", tags=["operations"], security=[], exclude_from_auth=True)
+async def health(state: State) -> Health:
+    memex: Memex = state.memex
+    s = memex.settings
+    return Health(
+        status="ok", sql=s.sql, vectors=s.vectors, embedder=s.embedder,
+        embedding_model=memex.backend.embedder.model_id, pending_jobs=await memex.worker.pending(),
+    )
+
+
+# -- the caller's organization ------------------------------------------------------------------------
+
+class OrgController(Controller):
+    path = "/v1"
+    tags = ["organizations"]
+    dependencies = {"org": Provide(org_services)}
+
+    @get("/org", operation_id="whoami", guards=[READ], responses=error_responses(*AUTH_ERRORS),
+         summary="The caller's organization, principal and scopes")
+    async def whoami(self, org: OrgServices, request: Request, state: State) -> WhoAmI:
+        o = await state.memex.orgs.by_id(org.ctx.org_id)
+        return WhoAmI(OrganizationOut(o.id, o.slug, o.name, o.created_at), org.ctx.principal,
+                      sorted(org.ctx.scopes), mcp_url(request, o.slug))
+
+
+class KeyController(Controller):
+    path = "/v1/keys"
+    tags = ["keys"]
+    guards = [ADMIN]
+    dependencies = {"org": Provide(org_services)}
+
+    @post("/", operation_id="createKey", responses=error_responses(400, *AUTH_ERRORS),
+          summary="Create an API key (the raw key is in this response only)")
+    async def create(self, data: KeyCreateIn, org: OrgServices) -> IssuedKeyOut:
+        issued = await org.keys.create(name=data.name, scopes=list(data.scopes), expires_at=data.expires_at)
+        r = issued.record
+        return IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at, key=issued.raw)
+
+    @get("/", operation_id="listKeys", responses=error_responses(*AUTH_ERRORS), summary="List API keys (never a secret)")
+    async def list_keys(self, org: OrgServices) -> KeyList:
+        return KeyList([_key_out(r) for r in await org.keys.list()])
+
+    @delete("/{key_id:str}", operation_id="revokeKey", responses=error_responses(404, *AUTH_ERRORS),
+            summary="Revoke an API key (effective at once)")
+    async def revoke(self, key_id: Annotated[str, Parameter(max_length=64)], org: OrgServices) -> None:
+        await org.keys.revoke(key_id)
+
+
+class AccessController(Controller):
+    path = "/v1"
+    tags = ["access"]
+    guards = [ADMIN]
+    dependencies = {"org": Provide(org_services)}
+
+    @post("/members", operation_id="addMember", responses=error_responses(400, *AUTH_ERRORS),
+          summary="Let a Cloudflare Access user (by email) in with a role")
+    async def add_member(self, data: MemberIn, org: OrgServices) -> MemberOut:
+        m = await org.bindings.add_member(data.email, data.role)
+        return MemberOut(m.email, m.role, m.created_at)
+
+    @get("/members", operation_id="listMembers", responses=error_responses(*AUTH_ERRORS))
+    async def list_members(self, org: OrgServices) -> MemberList:
+        return MemberList([MemberOut(m.email, m.role, m.created_at) for m in await org.bindings.members()])
+
+    @delete("/members/{email:str}", operation_id="removeMember", responses=error_responses(404, *AUTH_ERRORS))
+    async def remove_member(self, email: Annotated[str, Parameter(max_length=320)], org: OrgServices) -> None:
+        await org.bindings.remove_member(email)
+
+    @post("/service-tokens", operation_id="bindServiceToken", responses=error_responses(400, 409, *AUTH_ERRORS),
+          summary="Bind a Cloudflare Access service token (its common_name) to this organization")
+    async def add_token(self, data: ServiceTokenIn, org: OrgServices) -> ServiceTokenOut:
+        t = await org.bindings.add_service_token(data.common_name, data.name or data.common_name, list(data.scopes))
+        return ServiceTokenOut(t.common_name, t.name, t.scopes, t.created_at)
+
+    @get("/service-tokens", operation_id="listServiceTokens", responses=error_responses(*AUTH_ERRORS))
+    async def list_tokens(self, org: OrgServices) -> ServiceTokenList:
+        return ServiceTokenList([ServiceTokenOut(t.common_name, t.name, t.scopes, t.created_at) for t in await org.bindings.service_tokens()])
+
+    @delete("/service-tokens/{common_name:str}", operation_id="unbindServiceToken", responses=error_responses(404, *AUTH_ERRORS))
+    async def remove_token(self, common_name: Annotated[str, Parameter(max_length=200)], org: OrgServices) -> None:
+        await org.bindings.remove_service_token(common_name)
+
+
+# -- thoughts and search ----------------------------------------------------------------------------
+
+ThoughtId = Annotated[str, Parameter(max_length=64, description="thought id")]
+Limit = Annotated[int, Parameter(ge=1, le=100)]
+Before = Annotated[int | None, Parameter(ge=0, description="epoch ms: only thoughts created strictly before")]
+BeforeId = Annotated[str | None, Parameter(max_length=64, description="tie-break cursor from next_before_id")]
+
+
+async def _capture(data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
+    res = await org.thoughts.capture(data.content, source=data.source, metadata=data.metadata)
+    return Response(res, status_code=201 if res.created else 200)
+
+
+async def _search(data: SearchIn, org: OrgServices) -> SearchOut:
+    res = await org.search.search(
+        SearchOptions(query=data.query, top_k=data.top_k, tags=data.tags, kinds=data.kinds,
+                      parent_id=data.conversation_id, include_content=data.include_content, explain=data.explain)
+    )
+    return SearchOut(res.query, res.results)
+
+
+class ThoughtController(Controller):
+    path = "/v1/thoughts"
+    tags = ["thoughts"]
+    dependencies = {"org": Provide(org_services)}
+
+    @post("/", operation_id="captureThought", guards=[WRITE], status_code=201,
+          responses=error_responses(400, 413, *AUTH_ERRORS),
+          summary="Capture a thought (201 new; 200 when the same content exists: idempotent on its SHA-256)")
+    async def capture(self, data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
+        return await _capture(data, org)
+
+    @get("/", operation_id="listThoughts", guards=[READ], responses=error_responses(400, *AUTH_ERRORS),
+         summary="Recent thoughts, newest first")
+    async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None, before_id: BeforeId = None) -> ThoughtPage:
+        return await org.thoughts.list_recent(limit=limit, before=before, before_id=before_id)
+
+    @get("/{thought_id:str}", operation_id="getThought", guards=[READ], responses=error_responses(404, *AUTH_ERRORS),
+         summary="A thought with its chunks and indexing state")
+    async def get_one(self, thought_id: ThoughtId, org: OrgServices) -> ThoughtDetail:
+        return await org.thoughts.get(thought_id)
+
+    @delete("/{thought_id:str}", operation_id="deleteThought", guards=[WRITE], responses=error_responses(404, *AUTH_ERRORS),
+            summary="Delete a thought: rows, keyword index and vectors")
+    async def delete_one(self, thought_id: ThoughtId, org: OrgServices) -> None:
+        await org.thoughts.delete(thought_id)
+
+
+@post("/v1/search", operation_id="search", tags=["search"], guards=[READ], status_code=200,
+      dependencies={"org": Provide(org_services)}, responses=error_responses(400, *AUTH_ERRORS),
+      summary="Hybrid (keyword + vector) search over the organization's memory")
+async def search(data: SearchIn, org: OrgServices) -> SearchOut:
+    return await _search(data, org)
+
+
+class LegacyController(Controller):
+    """The second-brain seed's own routes, for its existing clients."""
+
+    path = "/"
+    tags = ["second-brain compatibility"]
+    dependencies = {"org": Provide(org_services)}
+
+    @post("/capture", operation_id="legacyCapture", guards=[WRITE], status_code=201,
+          responses=error_responses(400, 413, *AUTH_ERRORS))
+    async def capture(self, data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
+        return await _capture(data, org)
+
+    @post("/search", operation_id="legacySearch", guards=[READ], status_code=200, responses=error_responses(400, *AUTH_ERRORS))
+    async def search(self, data: SearchIn, org: OrgServices) -> SearchOut:
+        return await _search(data, org)
+
+    @get("/thought/{thought_id:str}", operation_id="legacyGetThought", guards=[READ], responses=error_responses(404, *AUTH_ERRORS))
+    async def get_one(self, thought_id: ThoughtId, org: OrgServices) -> ThoughtDetail:
+        return await org.thoughts.get(thought_id)
+
+    @delete("/thought/{thought_id:str}", operation_id="legacyDeleteThought", guards=[WRITE], responses=error_responses(404, *AUTH_ERRORS))
+    async def delete_one(self, thought_id: ThoughtId, org: OrgServices) -> None:
+        await org.thoughts.delete(thought_id)
+
+    @get("/thoughts", operation_id="legacyListThoughts", guards=[READ], responses=error_responses(400, *AUTH_ERRORS))
+    async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None) -> ThoughtPage:
+        return await org.thoughts.list_recent(limit=limit, before=before)
+
+
+route_handlers = [signup, health, OrgController, KeyController, AccessController, ThoughtController, search, LegacyController]
+

@@ -1,0 +1,130 @@
+"""Request and response Structs of the REST API (domain read models come from services.models)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from services.models import SearchHit
+
+__all__ = [
+    "SignupIn", "OrganizationOut", "ApiKeyOut", "IssuedKeyOut", "SignupOut", "KeyCreateIn", "KeyList",
+    "CaptureIn", "SearchIn", "SearchOut", "MemberIn", "MemberOut", "MemberList", "ServiceTokenIn",
+    "ServiceTokenOut", "ServiceTokenList", "WhoAmI", "Health",
+]
+
+Scope = Annotated[str, msgspec.Meta(pattern="^(read|write|admin)$")]
+
+
+class SignupIn(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    slug: Annotated[str, msgspec.Meta(min_length=3, max_length=40, description="3-40 of a-z, 0-9, '-'; starts with a letter")]
+
+
+class OrganizationOut(msgspec.Struct):
+    id: str
+    slug: str
+    name: str
+    created_at: int
+
+
+class ApiKeyOut(msgspec.Struct):
+    id: str
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: int
+    expires_at: int | None
+    revoked_at: int | None
+    last_used_at: int | None
+
+
+class IssuedKeyOut(ApiKeyOut):
+    #: The raw key. Shown in this response only; store it now.
+    key: str
+
+
+class SignupOut(msgspec.Struct):
+    organization: OrganizationOut
+    api_key: IssuedKeyOut
+    mcp_url: str
+
+
+class KeyCreateIn(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)] = msgspec.field(default_factory=lambda: ["read", "write"])
+    expires_at: Annotated[int, msgspec.Meta(ge=0, description="epoch ms")] | None = None
+
+
+class KeyList(msgspec.Struct):
+    keys: list[ApiKeyOut]
+
+
+class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
+    content: Annotated[str, msgspec.Meta(min_length=1)]
+    source: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
+    query: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] = 10
+    tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(default_factory=list)
+    kinds: Annotated[list[Annotated[str, msgspec.Meta(pattern="^(thought|conversation)$")]], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
+    conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    include_content: bool = False
+    explain: bool = False
+
+
+class SearchOut(msgspec.Struct):
+    query: str
+    results: list[SearchHit]
+
+
+class MemberIn(msgspec.Struct, forbid_unknown_fields=True):
+    email: Annotated[str, msgspec.Meta(min_length=3, max_length=320)]
+    role: Annotated[str, msgspec.Meta(pattern="^(owner|admin|member|viewer)$")] = "member"
+
+
+class MemberOut(msgspec.Struct):
+    email: str
+    role: str
+    created_at: int
+
+
+class MemberList(msgspec.Struct):
+    members: list[MemberOut]
+
+
+class ServiceTokenIn(msgspec.Struct, forbid_unknown_fields=True):
+    common_name: Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="the Access service token's Client ID")]
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)]
+    name: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+
+
+class ServiceTokenOut(msgspec.Struct):
+    common_name: str
+    name: str
+    scopes: list[str]
+    created_at: int
+
+
+class ServiceTokenList(msgspec.Struct):
+    service_tokens: list[ServiceTokenOut]
+
+
+class WhoAmI(msgspec.Struct):
+    organization: OrganizationOut
+    principal: str
+    scopes: list[str]
+    mcp_url: str
+
+
+class Health(msgspec.Struct):
+    status: str
+    sql: str
+    vectors: str
+    embedder: str
+    embedding_model: str
+    pending_jobs: int

@@ -1,0 +1,218 @@
+"""The job worker: drains the durable job table inside the service.
+
+Jobs are claimed with one UPDATE ... RETURNING (a lease, so several instances can drain one table), run,
+and marked done in the same batch that records their effect. A failed job is retried with exponential
+backoff; a crash mid-job leaves the lease to expire and the job to be claimed again. Embedding jobs embed
+a parent's pending chunks, upsert their vectors, then mark them indexed; a chunk deleted meanwhile has its
+fresh vector deleted again, so no vector outlives its rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from services.ids import now_ms
+from services.ports import Embedder, SqlDatabase, VectorIndex
+from services.scoped import OrgSql, OrgVectors
+
+__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org"]
+
+log = logging.getLogger("memex.worker")
+LEASE_MS = 60_000
+MAX_ATTEMPTS = 8
+EMBED_BATCH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    organization_id: str
+    kind: str
+    target_id: str
+    attempts: int
+
+
+Handler = Callable[[OrgSql, OrgVectors, Embedder, Job], Awaitable[None]]
+
+
+async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
+    """Embed every pending chunk of one parent (thought or conversation) and index it."""
+    while True:
+        rows = await sql.rows(
+            "SELECT id, kind, parent_id, ordinal, content, start_sequence, end_sequence FROM chunks "
+            "WHERE organization_id = ?1 AND parent_id = ?2 AND indexed_at IS NULL ORDER BY ordinal LIMIT ?3",
+            [job.target_id, EMBED_BATCH],
+        )
+        if not rows:
+            return
+        values = await embedder.embed([r["content"] for r in rows])
+        await vectors.upsert([(r["id"], values[i], _metadata(r)) for i, r in enumerate(rows)])
+        ids = [r["id"] for r in rows]
+        res = await sql.execute(
+            "UPDATE chunks SET indexed_at = ?2 WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?3))",
+            [now_ms(), json.dumps(ids)],
+        )
+        if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
+            alive = {
+                r["id"]
+                for r in await sql.rows(
+                    "SELECT id FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+                    [json.dumps(ids)],
+                )
+            }
+            await vectors.delete_by_ids([i for i in ids if i not in alive])
+        if len(rows) < EMBED_BATCH:
+            return
+
+
+def _metadata(row: dict) -> dict:
+    md = {"kind": row["kind"], "parent_id": row["parent_id"], "ordinal": row["ordinal"]}
+    if row.get("start_sequence") is not None:
+        md["start_sequence"] = row["start_sequence"]
+        md["end_sequence"] = row["end_sequence"]
+    return md
+
+
+async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) -> tuple[int, int]:
+    """Make the vector index agree with the SQL store for one organization (for indexes that can list a
+    namespace). Returns (chunks re-queued, stray vectors deleted)."""
+    list_ids = getattr(index, "ids_in_namespace", None)
+    if list_ids is None:
+        return (0, 0)
+    in_index = {i.split(":", 1)[1] for i in await list_ids(sql.org_id) if i.startswith(sql.org_id + ":")}
+    rows = await sql.rows("SELECT id, parent_id, indexed_at FROM chunks WHERE organization_id = ?1")
+    known = {r["id"] for r in rows}
+    missing = [r for r in rows if r["indexed_at"] is not None and r["id"] not in in_index]
+    stray = [i for i in in_index if i not in known]
+    if stray:
+        await vectors.delete_by_ids(stray)
+    if missing:
+        parents = sorted({r["parent_id"] for r in missing})
+        now = now_ms()
+        stmts = [
+            sql.stmt(
+                "UPDATE chunks SET indexed_at = NULL WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+                json.dumps([r["id"] for r in missing]),
+            )
+        ]
+        stmts += [
+            sql.stmt(
+                "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?1, 'embed', ?2, ?3, ?3)",
+                p, now,
+            )
+            for p in parents
+        ]
+        await sql.batch(stmts)
+    return (len(missing), len(stray))
+
+
+class JobWorker:
+    def __init__(
+        self,
+        db: SqlDatabase,
+        index: VectorIndex,
+        embedder: Embedder,
+        *,
+        handlers: dict[str, Handler] | None = None,
+        poll_seconds: float = 1.0,
+        batch: int = 16,
+    ) -> None:
+        self.db = db
+        self.index = index
+        self.embedder = embedder
+        self.handlers: dict[str, Handler] = {"embed": embed_parent, **(handlers or {})}
+        self.poll_seconds = poll_seconds
+        self.batch = batch
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self.processed = 0
+        self.failed = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="memex-job-worker")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+            self._task = None
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                did = await self.run_once()
+            except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
+                log.exception("job batch failed")
+                did = 0
+            if did == 0 and not self._stopping:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+
+    async def claim(self) -> list[Job]:
+        now = now_ms()
+        rows = (
+            await self.db.execute(
+                "UPDATE jobs SET locked_until = ?, attempts = attempts + 1 WHERE id IN ("
+                " SELECT id FROM jobs WHERE state = 'pending' AND run_after <= ?"
+                " AND (locked_until IS NULL OR locked_until < ?) ORDER BY id LIMIT ?) "
+                "RETURNING id, organization_id, kind, target_id, attempts",
+                (now + LEASE_MS, now, now, self.batch),
+            )
+        ).rows
+        return sorted((Job(**r) for r in rows), key=lambda j: j.id)
+
+    async def run_once(self) -> int:
+        """Claim and run one batch; returns how many jobs it ran."""
+        jobs = await self.claim()
+        for job in jobs:
+            await self._run(job)
+        return len(jobs)
+
+    async def _run(self, job: Job) -> None:
+        sql, vectors = OrgSql(self.db, job.organization_id), OrgVectors(self.index, job.organization_id)
+        handler = self.handlers.get(job.kind)
+        try:
+            if handler is None:
+                raise RuntimeError(f"no handler for job kind {job.kind!r}")
+            await handler(sql, vectors, self.embedder, job)
+        except Exception as exc:
+            self.failed += 1
+            final = job.attempts >= MAX_ATTEMPTS
+            delay = min(300_000, 500 * 2 ** job.attempts)
+            log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
+            await sql.execute(
+                "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
+                "WHERE organization_id = ?1 AND id = ?2",
+                [job.id, "failed" if final else "pending", now_ms() + delay, str(exc)[:500]],
+            )
+            return
+        self.processed += 1
+        await sql.execute("DELETE FROM jobs WHERE organization_id = ?1 AND id = ?2", [job.id])
+
+    async def drain(self, timeout: float = 60.0) -> None:
+        """Run until no job is ready (tests and CLI one-shots)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.run_once() == 0:
+                return
+
+    async def pending(self) -> int:
+        return (await self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'pending'")).rows[0]["n"]

@@ -1,0 +1,87 @@
+"""Organizations and sign-up: an organization and its first admin key, created in one atomic batch."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from services.errors import Conflict, InvalidInput, NotFound
+from services.ports import SqlDatabase, Statement
+from services.ids import new_org_id, now_ms
+from tenancy.keys import IssuedKey, KeyManager
+
+__all__ = ["Organization", "OrgDirectory", "SLUG_RULE", "validate_slug"]
+
+SLUG_RULE = "3-40 characters: lower-case letters, digits and single hyphens, starting with a letter, not ending with a hyphen"
+_SLUG = re.compile(r"^[a-z](?:[a-z0-9]|-(?=[a-z0-9])){2,39}$")
+_RESERVED = frozenset({"admin", "api", "app", "docs", "health", "mcp", "memex", "schema", "signup", "static", "www", "v1"})
+
+
+def validate_slug(slug: str) -> str:
+    if not isinstance(slug, str) or not _SLUG.match(slug):
+        raise InvalidInput("invalid slug", details={"field": "slug", "rule": SLUG_RULE})
+    if slug in _RESERVED:
+        raise InvalidInput("this slug is reserved", details={"field": "slug"})
+    return slug
+
+
+@dataclass(frozen=True, slots=True)
+class Organization:
+    id: str
+    slug: str
+    name: str
+    status: str
+    created_at: int
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Organization":
+        return cls(row["id"], row["slug"], row["name"], row["status"], row["created_at"])
+
+
+class OrgDirectory:
+    def __init__(self, db: SqlDatabase, keys: KeyManager) -> None:
+        self.db = db
+        self.keys = keys
+
+    async def create(self, *, name: str, slug: str, key_name: str = "default") -> tuple[Organization, IssuedKey]:
+        """Create an organization and its first key (scopes read, write, admin). 409 if the slug is taken."""
+        slug = validate_slug(slug)
+        name = name.strip()
+        if not name or len(name) > 200:
+            raise InvalidInput("name must be 1-200 characters", details={"field": "name"})
+        org = Organization(new_org_id(), slug, name, "active", now_ms())
+        issued, key_stmt = await self.keys.prepare(org.id, name=key_name, scopes=["read", "write", "admin"])
+        results = await self.db.batch(
+            [
+                Statement(
+                    "INSERT INTO organizations (id, slug, name, status, created_at) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(slug) DO NOTHING",
+                    (org.id, org.slug, org.name, org.status, org.created_at),
+                ),
+                key_stmt,
+            ]
+        )
+        if results[0].changes == 0:
+            raise Conflict("an organization with this slug already exists", details={"field": "slug"})
+        return org, issued
+
+    async def by_slug(self, slug: str) -> Organization:
+        rows = (await self.db.execute("SELECT * FROM organizations WHERE slug = ?", (slug,))).rows
+        if not rows:
+            raise NotFound("organization not found")
+        return Organization.from_row(rows[0])
+
+    async def by_id(self, org_id: str) -> Organization:
+        rows = (await self.db.execute("SELECT * FROM organizations WHERE id = ?", (org_id,))).rows
+        if not rows:
+            raise NotFound("organization not found")
+        return Organization.from_row(rows[0])
+
+    async def all(self) -> list[Organization]:
+        rows = (await self.db.execute("SELECT * FROM organizations ORDER BY created_at")).rows
+        return [Organization.from_row(r) for r in rows]
+
+
+def scopes_json(scopes: list[str]) -> str:
+    return json.dumps(sorted(set(scopes)))
