@@ -36,6 +36,8 @@ def require(scope: str):
     """A guard: the caller's credential must hold ``scope`` (admin holds every scope)."""
 
     def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        if connection.scope.get("method") == "OPTIONS":
+            return  # CORS preflight and OPTIONS carry no credentials and touch nothing
         ctx: AuthContext = connection.user
         if not ctx.allows(scope):
             raise Forbidden(f"this credential lacks the '{scope}' scope", details={"required": scope})

@@ -126,6 +126,24 @@ def cmd_key_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def openapi_document() -> str:
+    """The OpenAPI document of the app, as committed in openapi/openapi.json."""
+    from api.app import create_app
+
+    app = create_app(Settings())
+    return json.dumps(app.openapi_schema.to_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    text = openapi_document()
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memex", description="Memex: multi-tenant memory for AI agents")
     sub = p.add_subparsers(dest="command", required=True)
@@ -143,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply pending migrations")
     data_dir(m)
     m.set_defaults(fn=cmd_migrate)
+
+    o = sub.add_parser("openapi", help="write the OpenAPI document (committed as openapi/openapi.json)")
+    o.add_argument("--output", default="openapi/openapi.json")
+    o.set_defaults(fn=cmd_openapi)
 
     org = sub.add_parser("org", help="organizations").add_subparsers(dest="org_command", required=True)
     oc = org.add_parser("create", help="create an organization and its first admin key")

@@ -7,6 +7,7 @@ from typing import Annotated
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 
 from api.auth import client_address, require
@@ -18,6 +19,7 @@ from api.schemas import (
 )
 from api.wiring import Memex, OrgServices
 from services.errors import RateLimited
+from services.ids import now_ms
 from services.models import CaptureResult, ThoughtDetail, ThoughtPage
 from services.search import SearchOptions
 from tenancy.keys import KeyRecord
@@ -26,11 +28,16 @@ from tenancy.ratelimit import WindowLimiter
 __all__ = ["route_handlers", "org_services"]
 
 READ, WRITE, ADMIN = require("read"), require("write"), require("admin")
-AUTH_ERRORS = (401, 403, 429)
+AUTH_ERRORS = (400, 401, 403, 429)  # 400: any malformed path, query or body
 
 
 async def org_services(request: Request) -> OrgServices:
     return request.app.state.memex.for_org(request.user)
+
+
+def capture_responses():
+    return {200: ResponseSpec(data_container=CaptureResult, description="Already captured: the existing thought (updated_at bumped)"),
+            **error_responses(413, *AUTH_ERRORS)}
 
 
 def _key_out(r: KeyRecord) -> ApiKeyOut:
@@ -47,7 +54,7 @@ def mcp_url(request: Request, slug: str) -> str:
 _signups: dict[int, WindowLimiter] = {}
 
 
-@post("/v1/signup", operation_id="signup", tags=["organizations"], security=[], exclude_from_auth=True,
+@post("/v1/signup", operation_id="signup", tags=["organizations"], security=[{}], exclude_from_auth=True,
       responses=error_responses(400, 409, 429), summary="Create an organization and its first admin key")
 async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
     memex: Memex = state.memex
@@ -65,7 +72,7 @@ async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
     )
 
 
-@get("/health", operation_id="health", tags=["operations"], security=[], exclude_from_auth=True)
+@get("/health", operation_id="health", tags=["operations"], security=[{}], exclude_from_auth=True)
 async def health(state: State) -> Health:
     memex: Memex = state.memex
     s = memex.settings
@@ -96,10 +103,11 @@ class KeyController(Controller):
     guards = [ADMIN]
     dependencies = {"org": Provide(org_services)}
 
-    @post("/", operation_id="createKey", responses=error_responses(400, *AUTH_ERRORS),
+    @post("/", operation_id="createKey", responses=error_responses(*AUTH_ERRORS),
           summary="Create an API key (the raw key is in this response only)")
     async def create(self, data: KeyCreateIn, org: OrgServices) -> IssuedKeyOut:
-        issued = await org.keys.create(name=data.name, scopes=list(data.scopes), expires_at=data.expires_at)
+        expires_at = now_ms() + data.expires_in_seconds * 1000 if data.expires_in_seconds else None
+        issued = await org.keys.create(name=data.name, scopes=list(data.scopes), expires_at=expires_at)
         r = issued.record
         return IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at, key=issued.raw)
 
@@ -119,7 +127,7 @@ class AccessController(Controller):
     guards = [ADMIN]
     dependencies = {"org": Provide(org_services)}
 
-    @post("/members", operation_id="addMember", responses=error_responses(400, *AUTH_ERRORS),
+    @post("/members", operation_id="addMember", responses=error_responses(*AUTH_ERRORS),
           summary="Let a Cloudflare Access user (by email) in with a role")
     async def add_member(self, data: MemberIn, org: OrgServices) -> MemberOut:
         m = await org.bindings.add_member(data.email, data.role)
@@ -133,7 +141,7 @@ class AccessController(Controller):
     async def remove_member(self, email: Annotated[str, Parameter(max_length=320)], org: OrgServices) -> None:
         await org.bindings.remove_member(email)
 
-    @post("/service-tokens", operation_id="bindServiceToken", responses=error_responses(400, 409, *AUTH_ERRORS),
+    @post("/service-tokens", operation_id="bindServiceToken", responses=error_responses(409, *AUTH_ERRORS),
           summary="Bind a Cloudflare Access service token (its common_name) to this organization")
     async def add_token(self, data: ServiceTokenIn, org: OrgServices) -> ServiceTokenOut:
         t = await org.bindings.add_service_token(data.common_name, data.name or data.common_name, list(data.scopes))
@@ -174,13 +182,12 @@ class ThoughtController(Controller):
     tags = ["thoughts"]
     dependencies = {"org": Provide(org_services)}
 
-    @post("/", operation_id="captureThought", guards=[WRITE], status_code=201,
-          responses=error_responses(400, 413, *AUTH_ERRORS),
+    @post("/", operation_id="captureThought", guards=[WRITE], status_code=201, responses=capture_responses(),
           summary="Capture a thought (201 new; 200 when the same content exists: idempotent on its SHA-256)")
     async def capture(self, data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
         return await _capture(data, org)
 
-    @get("/", operation_id="listThoughts", guards=[READ], responses=error_responses(400, *AUTH_ERRORS),
+    @get("/", operation_id="listThoughts", guards=[READ], responses=error_responses(*AUTH_ERRORS),
          summary="Recent thoughts, newest first")
     async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None, before_id: BeforeId = None) -> ThoughtPage:
         return await org.thoughts.list_recent(limit=limit, before=before, before_id=before_id)
@@ -197,7 +204,7 @@ class ThoughtController(Controller):
 
 
 @post("/v1/search", operation_id="search", tags=["search"], guards=[READ], status_code=200,
-      dependencies={"org": Provide(org_services)}, responses=error_responses(400, *AUTH_ERRORS),
+      dependencies={"org": Provide(org_services)}, responses=error_responses(404, *AUTH_ERRORS),
       summary="Hybrid (keyword + vector) search over the organization's memory")
 async def search(data: SearchIn, org: OrgServices) -> SearchOut:
     return await _search(data, org)
@@ -210,12 +217,11 @@ class LegacyController(Controller):
     tags = ["second-brain compatibility"]
     dependencies = {"org": Provide(org_services)}
 
-    @post("/capture", operation_id="legacyCapture", guards=[WRITE], status_code=201,
-          responses=error_responses(400, 413, *AUTH_ERRORS))
+    @post("/capture", operation_id="legacyCapture", guards=[WRITE], status_code=201, responses=capture_responses())
     async def capture(self, data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
         return await _capture(data, org)
 
-    @post("/search", operation_id="legacySearch", guards=[READ], status_code=200, responses=error_responses(400, *AUTH_ERRORS))
+    @post("/search", operation_id="legacySearch", guards=[READ], status_code=200, responses=error_responses(404, *AUTH_ERRORS))
     async def search(self, data: SearchIn, org: OrgServices) -> SearchOut:
         return await _search(data, org)
 
@@ -227,7 +233,7 @@ class LegacyController(Controller):
     async def delete_one(self, thought_id: ThoughtId, org: OrgServices) -> None:
         await org.thoughts.delete(thought_id)
 
-    @get("/thoughts", operation_id="legacyListThoughts", guards=[READ], responses=error_responses(400, *AUTH_ERRORS))
+    @get("/thoughts", operation_id="legacyListThoughts", guards=[READ], responses=error_responses(*AUTH_ERRORS))
     async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None) -> ThoughtPage:
         return await org.thoughts.list_recent(limit=limit, before=before)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -14,12 +14,14 @@ __all__ = [
     "ServiceTokenOut", "ServiceTokenList", "WhoAmI", "Health",
 ]
 
-Scope = Annotated[str, msgspec.Meta(pattern="^(read|write|admin)$")]
+Scope = Literal["read", "write", "admin"]
+Kind = Literal["thought", "conversation"]
 
 
 class SignupIn(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-    slug: Annotated[str, msgspec.Meta(min_length=3, max_length=40, description="3-40 of a-z, 0-9, '-'; starts with a letter")]
+    slug: Annotated[str, msgspec.Meta(min_length=3, max_length=40, pattern=r"^[a-z](-?[a-z0-9])+$",
+                                      description="3-40 of a-z, 0-9 and single hyphens; starts with a letter, ends with a letter or digit")]
 
 
 class OrganizationOut(msgspec.Struct):
@@ -54,7 +56,8 @@ class SignupOut(msgspec.Struct):
 class KeyCreateIn(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
     scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)] = msgspec.field(default_factory=lambda: ["read", "write"])
-    expires_at: Annotated[int, msgspec.Meta(ge=0, description="epoch ms")] | None = None
+    #: Seconds until the key expires; 0 (the default) means it never does.
+    expires_in_seconds: Annotated[int, msgspec.Meta(ge=0, le=10 * 365 * 86400, description="0 = never expires")] = 0
 
 
 class KeyList(msgspec.Struct):
@@ -71,7 +74,7 @@ class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
     top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] = 10
     tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(default_factory=list)
-    kinds: Annotated[list[Annotated[str, msgspec.Meta(pattern="^(thought|conversation)$")]], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
+    kinds: Annotated[list[Kind], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
     conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     include_content: bool = False
     explain: bool = False
@@ -83,8 +86,8 @@ class SearchOut(msgspec.Struct):
 
 
 class MemberIn(msgspec.Struct, forbid_unknown_fields=True):
-    email: Annotated[str, msgspec.Meta(min_length=3, max_length=320)]
-    role: Annotated[str, msgspec.Meta(pattern="^(owner|admin|member|viewer)$")] = "member"
+    email: Annotated[str, msgspec.Meta(min_length=3, max_length=320, pattern=r"^[^@ \t\r\n]{1,64}@[^@ \t\r\n]{1,255}$")]
+    role: Literal["owner", "admin", "member", "viewer"] = "member"
 
 
 class MemberOut(msgspec.Struct):
@@ -98,7 +101,8 @@ class MemberList(msgspec.Struct):
 
 
 class ServiceTokenIn(msgspec.Struct, forbid_unknown_fields=True):
-    common_name: Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="the Access service token's Client ID")]
+    common_name: Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$",
+                                             description="the Access service token's Client ID")]
     scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)]
     name: Annotated[str, msgspec.Meta(max_length=100)] | None = None
 

@@ -14,7 +14,7 @@ from tenancy.models import ROLE_SCOPES, SCOPES
 
 __all__ = ["Member", "ServiceToken", "OrgBindings"]
 
-_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}$")
+_EMAIL = re.compile(r"^[^@ \t\r\n]{1,64}@[^@ \t\r\n]{1,255}$")
 _CN = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 

@@ -106,7 +106,6 @@ class KeyManager:
         self, org_id: str, *, name: str, scopes: list[str], expires_at: int | None = None
     ) -> tuple[IssuedKey, Statement]:
         """Mint a key and the statement that stores it (inserted only if the organization exists)."""
-        name = (name or "").strip()
         if not name or len(name) > 100:
             raise InvalidInput("key name must be 1-100 characters", details={"field": "name"})
         scopes = _validate_scopes(scopes)

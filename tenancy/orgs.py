@@ -14,12 +14,12 @@ from tenancy.keys import IssuedKey, KeyManager
 __all__ = ["Organization", "OrgDirectory", "SLUG_RULE", "validate_slug"]
 
 SLUG_RULE = "3-40 characters: lower-case letters, digits and single hyphens, starting with a letter, not ending with a hyphen"
-_SLUG = re.compile(r"^[a-z](?:[a-z0-9]|-(?=[a-z0-9])){2,39}$")
+_SLUG = re.compile(r"^[a-z](-?[a-z0-9])+$")
 _RESERVED = frozenset({"admin", "api", "app", "docs", "health", "mcp", "memex", "schema", "signup", "static", "www", "v1"})
 
 
 def validate_slug(slug: str) -> str:
-    if not isinstance(slug, str) or not _SLUG.match(slug):
+    if not isinstance(slug, str) or not 3 <= len(slug) <= 40 or not _SLUG.match(slug):
         raise InvalidInput("invalid slug", details={"field": "slug", "rule": SLUG_RULE})
     if slug in _RESERVED:
         raise InvalidInput("this slug is reserved", details={"field": "slug"})
@@ -47,7 +47,6 @@ class OrgDirectory:
     async def create(self, *, name: str, slug: str, key_name: str = "default") -> tuple[Organization, IssuedKey]:
         """Create an organization and its first key (scopes read, write, admin). 409 if the slug is taken."""
         slug = validate_slug(slug)
-        name = name.strip()
         if not name or len(name) > 200:
             raise InvalidInput("name must be 1-200 characters", details={"field": "name"})
         org = Organization(new_org_id(), slug, name, "active", now_ms())
