@@ -69,8 +69,8 @@ def _http(_: Request, exc: HTTPException) -> Response:
                 {k: v for k, v in e.items() if k in ("key", "message", "source")} if isinstance(e, dict) else str(e)
                 for e in exc.extra
             ]
-        elif isinstance(exc.extra, dict):
-            details.update(exc.extra)
+    if isinstance(exc.extra, dict):
+        details.update(exc.extra)
     return error_response(status, _CODES.get(status, "error"), message, details, exc.headers)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 from litestar import Request
-from litestar.exceptions import ValidationException
+from litestar.exceptions import HTTPException, ValidationException
 
 __all__ = ["strict_body"]
 
@@ -17,6 +17,11 @@ async def strict_body(request: Request) -> None:
     tp = param.annotation
     if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
         return None
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise HTTPException(
+            status_code=415, detail="send the body as application/json", extra={"content_type": media}
+        )
     body = await request.body()
     try:
         # JSON Schema's integer admits 3.0; msgspec's strict int does not: normalise whole floats first.
@@ -28,8 +33,10 @@ async def strict_body(request: Request) -> None:
             f"Validation failed for {request.method} {request.url.path}",
             extra=[{"message": message, "key": key, "source": "body"}],
         ) from None
+    except UnicodeDecodeError:
+        raise ValidationException("the body is not valid UTF-8") from None
     except msgspec.DecodeError as exc:
-        raise ValidationException(f"JSON is malformed: {exc}") from None
+        raise ValidationException(str(exc) if "malformed" in str(exc) else f"JSON is malformed: {exc}") from None
     return None
 
 

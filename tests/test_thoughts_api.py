@@ -159,3 +159,16 @@ def test_capture_latency_is_not_waiting_for_the_model(live, org, client):
     r = client.post("/v1/thoughts", json={"content": "fresh note " * 40}, headers=org.headers)
     assert r.status_code == 201 and r.json()["indexing"]["state"] == "pending"
     assert live.wait_indexed(org.headers, r.json()["id"])["indexing"]["state"] == "indexed"
+
+
+def test_bodies_must_be_json_and_utf8(live, org, client):
+    h = org.headers
+    assert_error(client.post("/v1/thoughts", content=b'{"content": "hi"}', headers={**h, "content-type": "text/plain"}), 415, "unsupported_media_type")
+    json_h = {**h, "content-type": "application/json"}
+    assert_error(client.post("/v1/thoughts", content=b'{"content": "\xff\xfe bad"}', headers=json_h), 400)
+    assert_error(client.post("/v1/thoughts", content=b'{"content": "\\ud800 lone"}', headers=json_h), 400)
+    assert_error(client.post("/v1/thoughts", content=b'[]', headers=json_h), 400)
+    assert_error(client.post("/v1/search", content=b'{"query": "x", "explain": 0}', headers=json_h), 400)
+    # FTS5 syntax in a query is treated as words, never as an expression
+    for q in ['"*^:()', "NEAR(a b) OR AND NOT", "title:x*", "-"]:
+        assert client.post("/v1/search", json={"query": q}, headers=h).status_code == 200
