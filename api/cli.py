@@ -144,6 +144,20 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cloudflare_check(args: argparse.Namespace) -> int:
+    from services.adapters.cloudflare.ops import run_check
+
+    return run_check(_settings(args), fix=args.fix, as_json=args.json)
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    from services.adapters.cloudflare.ops import run_reindex
+
+    settings = _settings(args)
+    return run_reindex(lambda: _memex(settings), args.org, restart=args.restart, prune=args.prune,
+                       page_size=args.page_size, wait=args.wait)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memex", description="Memex: multi-tenant memory for AI agents")
     sub = p.add_subparsers(dest="command", required=True)
@@ -172,6 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
     oc.add_argument("--slug", required=True)
     data_dir(oc)
     oc.set_defaults(fn=cmd_org_create)
+
+    cf = sub.add_parser("cloudflare", help="Cloudflare backend operations").add_subparsers(dest="cf_command", required=True)
+    cc = cf.add_parser("check", help="verify token, D1 database, migrations, Vectorize index and metadata indexes")
+    cc.add_argument("--fix", action="store_true", help="apply missing migrations and create missing metadata indexes")
+    cc.add_argument("--json", action="store_true")
+    data_dir(cc)
+    cc.set_defaults(fn=cmd_cloudflare_check)
+
+    ri = sub.add_parser("reindex", help="rebuild an organization's vectors from the SQL store (resumable)")
+    ri.add_argument("--org", required=True, help="organization slug")
+    ri.add_argument("--restart", action="store_true", help="ignore the checkpoint and start over")
+    ri.add_argument("--prune", action="store_true", help="also delete vectors with no rows behind them")
+    ri.add_argument("--page-size", type=int, default=500)
+    ri.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the new vectors to be searchable")
+    data_dir(ri)
+    ri.set_defaults(fn=cmd_reindex)
 
     key = sub.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
     kc = key.add_parser("create", help="create a key (printed once)")

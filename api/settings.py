@@ -68,6 +68,13 @@ class Settings:
     cloudflare_d1_database_id: str | None = None
     cloudflare_vectorize_index: str | None = None
     cloudflare_api_base_url: str = "https://api.cloudflare.com/client/v4"
+    #: Client-side request budget for the whole Cloudflare API (the token's limit is 1200 per 300 s; with N
+    #: instances sharing a token, give each about 1100/N).
+    cloudflare_budget_limit: int = 1100
+    #: The budget's window in seconds.
+    cloudflare_budget_window: float = 300.0
+    #: Longest a call waits for a budget slot before failing with 503.
+    cloudflare_budget_max_wait: float = 30.0
 
     @property
     def sqlite_path(self) -> Path:
@@ -108,5 +115,7 @@ class Settings:
             cloudflare_d1_database_id=_env("CLOUDFLARE_D1_DATABASE_ID"),
             cloudflare_vectorize_index=_env("CLOUDFLARE_VECTORIZE_INDEX"),
             cloudflare_api_base_url=_env("CLOUDFLARE_API_BASE_URL", "https://api.cloudflare.com/client/v4"),
+            cloudflare_budget_limit=_int("MEMEX_CLOUDFLARE_BUDGET", 1100),
+            cloudflare_budget_window=float(_env("MEMEX_CLOUDFLARE_BUDGET_WINDOW", "300")),
         )
         return replace(base, **overrides)

@@ -161,7 +161,8 @@ class Thoughts:
 
     async def _indexing(self, doc_id: str) -> IndexingState:
         row = await self.sql.one(
-            "SELECT COUNT(*) AS total, COUNT(indexed_at) AS done FROM chunks "
+            "SELECT COUNT(*) AS total, COUNT(CASE WHEN indexed_at IS NOT NULL AND vector_mutation IS NULL THEN 1 END) AS done "
+            "FROM chunks "
             "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2",
             [doc_id],
         )
@@ -179,13 +180,13 @@ class Thoughts:
     async def get(self, doc_id: str) -> ThoughtDetail:
         row = await self._row(doc_id)
         chunk_rows = await self.sql.rows(
-            "SELECT id, ordinal, content, token_count, indexed_at FROM chunks "
+            "SELECT id, ordinal, content, token_count, indexed_at, vector_mutation FROM chunks "
             "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2 ORDER BY ordinal",
             [doc_id],
         )
         chunks = [
             ChunkView(id=c["id"], ordinal=c["ordinal"], content=c["content"], token_count=c["token_count"],
-                      indexed=c["indexed_at"] is not None)
+                      indexed=c["indexed_at"] is not None and c["vector_mutation"] is None)
             for c in chunk_rows
         ]
         done = sum(c.indexed for c in chunks)

@@ -20,7 +20,7 @@ from services.ids import now_ms
 from services.ports import Embedder, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
 
-__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org"]
+__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org", "chunk_metadata"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
@@ -51,11 +51,14 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
         if not rows:
             return
         values = await embedder.embed([r["content"] for r in rows])
-        await vectors.upsert([(r["id"], values[i], _metadata(r)) for i, r in enumerate(rows)])
+        mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
+        # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
+        pending = mutation if hasattr(vectors.index, "searchable") else None
         ids = [r["id"] for r in rows]
         res = await sql.execute(
-            "UPDATE chunks SET indexed_at = ?2 WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?3))",
-            [now_ms(), json.dumps(ids)],
+            "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
+            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))",
+            [now_ms(), pending, json.dumps(ids)],
         )
         if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
             alive = {
@@ -70,7 +73,8 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
             return
 
 
-def _metadata(row: dict) -> dict:
+def chunk_metadata(row: dict) -> dict:
+    """The metadata stored with a chunk's vector (kind and parent_id are indexed for filtering)."""
     md = {"kind": row["kind"], "parent_id": row["parent_id"], "ordinal": row["ordinal"]}
     if row.get("start_sequence") is not None:
         md["start_sequence"] = row["start_sequence"]
@@ -133,6 +137,7 @@ class JobWorker:
         self._stopping = False
         self.processed = 0
         self.failed = 0
+        self._last_confirm = 0.0
 
     def wake(self) -> None:
         self._wake.set()
@@ -156,6 +161,9 @@ class JobWorker:
         while not self._stopping:
             try:
                 did = await self.run_once()
+                if time.monotonic() - self._last_confirm >= 1.0:
+                    self._last_confirm = time.monotonic()
+                    await self.confirm_mutations()
             except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
                 log.exception("job batch failed")
                 did = 0
@@ -207,12 +215,40 @@ class JobWorker:
         self.processed += 1
         await sql.execute("DELETE FROM jobs WHERE organization_id = ?1 AND id = ?2", [job.id])
 
+    async def confirm_mutations(self) -> int:
+        """Mark chunks searchable whose vector mutation the index has applied. Mutations apply in order, so
+        the newest applied one confirms every older one. Returns how many chunks were confirmed."""
+        searchable = getattr(self.index, "searchable", None)
+        if searchable is None:
+            return 0
+        rows = (
+            await self.db.execute(
+                "SELECT vector_mutation AS m, MAX(indexed_at) AS at FROM chunks WHERE vector_mutation IS NOT NULL "
+                "GROUP BY vector_mutation ORDER BY at"
+            )
+        ).rows
+        for i in range(len(rows) - 1, -1, -1):
+            if await searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
+                done = [r["m"] for r in rows[: i + 1]]
+                res = await self.db.execute(
+                    "UPDATE chunks SET vector_mutation = NULL WHERE vector_mutation IN (SELECT value FROM json_each(?))",
+                    (json.dumps(done),),
+                )
+                return res.changes
+        return 0
+
     async def drain(self, timeout: float = 60.0) -> None:
-        """Run until no job is ready (tests and CLI one-shots)."""
+        """Run until no job is ready and every vector written is searchable (tests and CLI one-shots)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if await self.run_once() == 0:
+                break
+        while time.monotonic() < deadline:
+            await self.confirm_mutations()
+            left = (await self.db.execute("SELECT COUNT(*) AS n FROM chunks WHERE vector_mutation IS NOT NULL")).rows
+            if left[0]["n"] == 0:
                 return
+            await asyncio.sleep(0.1)
 
     async def pending(self) -> int:
         return (await self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'pending'")).rows[0]["n"]

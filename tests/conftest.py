@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import sqlite3
 import tempfile
@@ -29,22 +30,50 @@ class Live:
     base_url: str
     memex: Memex
     data_dir: Path
+    #: "embedded", or "cloudflare" (D1 + Vectorize served by tests/cloudflare_emulator)
+    backend: str = "embedded"
+    emulator: object | None = None
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=60, **kw)
 
+    def _sql_path(self) -> Path:
+        if self.backend == "cloudflare":
+            return self.emulator.data_dir / "d1" / self.emulator.account / f"{EMU_DB}.sqlite3"
+        return self.data_dir / "memex.sqlite3"
+
     def sql(self, query: str, params=()) -> list[tuple]:
-        """Read the SQLite file directly (an independent look at what the service stored)."""
-        with sqlite3.connect(self.data_dir / "memex.sqlite3") as conn:
+        """Read the SQL store's file directly (an independent look at what the service stored: the local
+        SQLite file, or the emulator's file behind D1)."""
+        with sqlite3.connect(self._sql_path()) as conn:
             return conn.execute(query, params).fetchall()
 
+    def vectors(self, prefix: str = "") -> list[tuple[str, str, dict]]:
+        """(id, namespace, metadata) of every vector whose id starts with ``prefix``, read from the index
+        itself: the local index file, or the emulator's Vectorize API (pending writes applied first)."""
+        if self.backend == "cloudflare":
+            self.emulator.flush_vectors()
+            ids, cursor = [], None
+            with httpx.Client(headers=self.emulator.headers, timeout=30) as c:
+                base = f"{self.emulator.account_url}/vectorize/v2/indexes/{EMU_INDEX}"
+                while True:
+                    params = {"count": 1000, **({"cursor": cursor} if cursor else {})}
+                    page = c.get(f"{base}/list", params=params).json()["result"]
+                    ids += [v["id"] for v in page["vectors"] if v["id"].startswith(prefix)]
+                    if not page.get("isTruncated"):
+                        break
+                    cursor = page["nextCursor"]
+                out = []
+                for i in range(0, len(ids), 100):
+                    got = c.post(f"{base}/get_by_ids", json={"ids": ids[i:i + 100]}).json()["result"]
+                    out += [(v["id"], v.get("namespace"), v.get("metadata") or {}) for v in got]
+                return out
+        with sqlite3.connect(self.data_dir / "vectors.sqlite3") as conn:
+            rows = conn.execute("SELECT id, namespace, metadata FROM vectors WHERE id LIKE ?", (prefix + "%",)).fetchall()
+        return [(i, ns, json.loads(md)) for i, ns, md in rows]
+
     def vector_ids(self, prefix: str = "") -> list[str]:
-        """Vector ids in the local index file (read directly, not through the service)."""
-        path = self.data_dir / "vectors.sqlite3"
-        with sqlite3.connect(path) as conn:
-            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            table = "vectors" if "vectors" in tables else tables[0]
-            return [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id LIKE ?", (prefix + "%",))]
+        return [v[0] for v in self.vectors(prefix)]
 
     def wait_indexed(self, headers: dict, thought_id: str, timeout: float = 30.0) -> dict:
         with self.client() as c:
@@ -69,6 +98,29 @@ class Org:
         return {"authorization": f"Bearer {self.key}"}
 
 
+EMU_DB = "memex-test-db"
+EMU_INDEX = "memex-test-index"
+
+
+def provision_emulator(emu, *, dimensions: int, model: str) -> dict:
+    """What the README's wrangler steps do on a new account: the index, then its metadata indexes, before any
+    vector is written. Returns the Settings fields that point the service at the emulator."""
+    with httpx.Client(headers=emu.headers, timeout=30) as c:
+        base = f"{emu.account_url}/vectorize/v2/indexes"
+        r = c.post(base, json={"name": EMU_INDEX, "description": f"memex:model={model} dims={dimensions}",
+                                "config": {"dimensions": dimensions, "metric": "cosine"}})
+        assert r.status_code in (200, 201), r.text
+        for prop in ("organization_id", "kind", "parent_id"):
+            r = c.post(f"{base}/{EMU_INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": "string"})
+            assert r.status_code in (200, 201), r.text
+    emu.flush_vectors()
+    return dict(
+        sql="d1", vectors="vectorize", cloudflare_account_id=emu.account, cloudflare_api_token=emu.token,
+        cloudflare_d1_database_id=EMU_DB, cloudflare_vectorize_index=EMU_INDEX,
+        cloudflare_api_base_url=emu.base_url, cloudflare_budget_limit=1_000_000,
+    )
+
+
 def start_live(tmp: Path, **overrides):
     settings = Settings(
         data_dir=tmp,
@@ -85,15 +137,30 @@ def start_live(tmp: Path, **overrides):
     return Live(base, memex, tmp), ctx
 
 
-@pytest.fixture(scope="session")
-def live():
-    """The embedded default (SQLite, local vectors, the real MiniLM model) on a loopback port."""
+@pytest.fixture(scope="session", params=["embedded", "cloudflare"])
+def live(request):
+    """The service on a loopback port, once per backend: the embedded default (SQLite, local vectors, the
+    real MiniLM model), then D1 + Vectorize on the Cloudflare emulator (with the same local model, so the
+    same semantic assertions hold; Workers AI embeddings are covered in test_cloudflare_adapters)."""
     with tempfile.TemporaryDirectory() as tmp:
-        server, ctx = start_live(Path(tmp))
-        try:
-            yield server
-        finally:
-            ctx.__exit__(None, None, None)
+        if request.param == "embedded":
+            server, ctx = start_live(Path(tmp))
+            try:
+                yield server
+            finally:
+                ctx.__exit__(None, None, None)
+            return
+        from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+        from tests.cloudflare_emulator import running_emulator
+
+        emb = OnnxMiniLMEmbedder()
+        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
+            server, ctx = start_live(Path(tmp) / "service", **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
+            server.backend, server.emulator = "cloudflare", emu
+            try:
+                yield server
+            finally:
+                ctx.__exit__(None, None, None)
 
 
 def signup(live: Live, prefix: str = "org") -> Org:

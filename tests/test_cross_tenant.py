@@ -93,10 +93,6 @@ async def test_mcp_other_org_url_is_404_and_other_ids_are_not_found(live, pair):
 
 def test_vectors_live_in_their_own_namespace(live, pair):
     a, b, tid = pair
-    ids = live.vector_ids(f"{a.id}:")
-    assert ids and not live.vector_ids(f"{b.id}:")
-    import sqlite3
-
-    with sqlite3.connect(live.data_dir / "vectors.sqlite3") as conn:
-        rows = conn.execute("SELECT namespace, metadata FROM vectors WHERE id LIKE ?", (f"{a.id}:%",)).fetchall()
-    assert rows and all(ns == a.id and json.loads(md)["organization_id"] == a.id for ns, md in rows)
+    rows = live.vectors(f"{a.id}:")
+    assert rows and not live.vector_ids(f"{b.id}:")
+    assert all(ns == a.id and md["organization_id"] == a.id for _, ns, md in rows)
