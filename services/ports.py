@@ -28,6 +28,10 @@ __all__ = [
     "VectorIndexInfo",
     "VectorIndex",
     "Embedder",
+    "ChatMessage",
+    "LLMResult",
+    "LLM",
+    "Reranker",
 ]
 
 SqlValue = str | int | float | bytes | None
@@ -140,4 +144,44 @@ class Embedder(Protocol):
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Shape (len(texts), dimensions), float32, each row of unit length."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResult:
+    """A JSON-mode completion: the parsed object plus the tokens it cost (for per-organization budgets)."""
+
+    data: Any
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """A chat model answering in JSON (Workers AI llama-3.1-8b, any OpenAI-compatible endpoint)."""
+
+    model_id: str
+
+    async def complete_json(
+        self, messages: Sequence[ChatMessage], *, schema: Mapping[str, Any], max_tokens: int = 512,
+        temperature: float = 0.2,
+    ) -> LLMResult:
+        """Raises BackendError when the model cannot be reached or does not answer in JSON."""
+        ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Scores (query, passage) pairs; higher is more relevant."""
+
+    model_id: str
+
+    async def rerank(self, query: str, passages: Sequence[str]) -> list[float]:
+        """One score per passage, in the passages' order."""
         ...
