@@ -1,0 +1,108 @@
+"""``memex enrich backfill``: the two-pass enrichment backfill (second-brain-design §7.2), resumable, with a
+progress bar. Hooked into ``api.cli.build_parser`` by ``add_commands(sub, data_dir)``.
+
+The checkpoint lives in the database (``enrichment_backfill``), so an interrupted run, a run stopped by the
+daily LLM budget, or one started over REST (``POST /v1/admin/backfill/enrich``) continues where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, TextIO
+
+__all__ = ["add_commands", "cmd_enrich_backfill", "backfill_enrich_org", "Progress"]
+
+
+class Progress:
+    """A one-line progress bar on a stream (redrawn in place on a TTY; a line per step elsewhere)."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total, self.label, self.width = max(0, total), label, width
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.phase = 1
+        self.started = time.monotonic()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def update(self, step: int, phase: int) -> None:
+        self.done += step
+        self.phase = phase
+        frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
+        filled = int(frac * self.width)
+        rate = self.done / max(1e-9, time.monotonic() - self.started)
+        what = {1: "pass 1 (vocabulary seed)", 2: "pass 2 (persisting)"}.get(phase, "done")
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+                f"({frac:4.0%}) {rate:,.1f} thoughts/s  {what}")
+        self.stream.write(("\r" if self.tty else "") + line + ("" if self.tty else "\n"))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def backfill_enrich_org(enricher: Any, *, batch_size: int = 50, restart: bool = False, label: str = "",
+                              stream: TextIO | None = None) -> dict:
+    """Run one organization's backfill until it is done or stops (budget); returns totals."""
+    if restart:
+        first = await enricher.backfill(batch_size=batch_size, restart=True)
+        bar = Progress(first.processed + await enricher.backfill_left(), label or "enrich", stream)
+        bar.update(first.processed, first.phase)
+    else:
+        first = None
+        bar = Progress(await enricher.backfill_left(), label or "enrich", stream)
+    totals: dict[str, Any] = {"processed": 0, "enriched": 0, "failed": 0, "cursor": None, "done": False, "stopped": None}
+    try:
+        res = first
+        while True:
+            if res is None:
+                res = await enricher.backfill(batch_size=batch_size)
+                bar.update(res.processed, res.phase)
+            for k in ("processed", "enriched", "failed"):
+                totals[k] += getattr(res, k)
+            totals.update(cursor=res.cursor, done=res.done, stopped=res.stopped, seed_tags=res.seed_tags)
+            if res.done or res.stopped:  # every other call made progress
+                return totals
+            res = None
+    finally:
+        bar.close()
+
+
+def cmd_enrich_backfill(args: argparse.Namespace) -> int:
+    from api.cli import _print, _settings, _with_memex
+    from tenancy.models import AuthContext
+
+    async def run(memex):
+        orgs = [await memex.orgs.by_slug(args.org)] if args.org else await memex.orgs.all()
+        report = {}
+        for org in orgs:
+            ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
+            enricher = memex.for_org(ctx).enrichment
+            try:
+                report[org.slug] = await backfill_enrich_org(enricher, batch_size=args.batch_size,
+                                                             restart=args.restart, label=org.slug)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                print(f"\ninterrupted: run again to resume {org.slug} from its checkpoint", file=sys.stderr)
+                raise
+            if report[org.slug].get("stopped") == "budget":
+                print(f"{org.slug}: the daily LLM budget is spent; run again tomorrow to resume", file=sys.stderr)
+        return report
+
+    _print(asyncio.run(_with_memex(_settings(args), run)))
+    return 0
+
+
+def add_commands(sub, data_dir) -> None:
+    """Add ``enrich backfill`` to the ``memex`` parser (``sub``: its subparsers)."""
+    enrich = sub.add_parser("enrich", help="summaries, tags and importance").add_subparsers(
+        dest="enrich_command", required=True)
+    bf = enrich.add_parser("backfill", help="enrich thoughts that have no summary/tags: two passes, resumable")
+    bf.add_argument("--org", default=None, help="organization slug (default: every organization)")
+    bf.add_argument("--batch-size", type=int, default=50, help="thoughts per batch (1-1000)")
+    bf.add_argument("--restart", action="store_true", help="drop the checkpoint and start again at pass 1")
+    data_dir(bf)
+    bf.set_defaults(fn=cmd_enrich_backfill)
