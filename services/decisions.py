@@ -1,0 +1,311 @@
+"""Write-time decisions (memory-layer-lessons): one embedding and one vector query per new thought decide
+whether it is a duplicate, contradicts, replaces or merges with what the organization already has.
+
+Bands, by the best cosine similarity among the organization's thoughts (kind 'thought' only):
+
+* ``>= 0.95``: a duplicate. Blocked before any model is asked: nothing is stored, the existing id is returned.
+* ``0.85 - 0.95``: the language model chooses exactly one of contradiction / replace / merge / keep_both
+  (the seed's combined prompt, JSON). Without a model (none configured, or the organization's budget spent)
+  the thought is kept and *flagged* as a possible duplicate of the candidate.
+* ``0.45 - 0.85``: the model is asked about contradiction only (a lighter prompt). Without one: created.
+* below ``0.45``: created, no model call.
+
+The model's answer is validated: the action must be one the band allows, the id must be one of the candidates
+offered (replace and merge only those at >= 0.85), a merge needs non-empty merged content within the size
+limit and whole (untruncated) inputs. Anything else, garbage JSON or an exception included, is keep_both.
+
+An embedding barely sees numbers and negations ("standup at 9:30" vs "standup at 10:30" are > 0.95 with
+MiniLM): a >= 0.95 match whose numbers or negation words differ is not blocked but decided as the 0.85 -
+0.95 band (the model sees a likely contradiction or replace; without one it is kept and flagged).
+
+What the one embedding covers: the thought's first chunk. It is exactly the vector the embedding job needs
+for that chunk, so it is handed over (``RecentVectors``) instead of being computed twice. For a multi-chunk
+thought it does not cover the rest, so a >= 0.95 match there is not enough to block: it is treated as the
+0.85 - 0.95 band (decided by the model, else flagged).
+
+The index may lag: a thought captured moments ago may have no searchable vector yet (its job has not run, or
+Vectorize has not applied the write). The vectors computed at capture by this process are compared as well
+(the organization's most recent ones, a matrix product over at most a few hundred vectors), which covers
+that window on one instance. Not covered: a near-duplicate captured on *another* instance less than the
+index lag ago (seconds on Vectorize). Keyword-searching the pending chunks and embedding them would close it
+at the cost of extra model runs on every capture during bursts; we don't: an exact repeat is still caught by
+the content hash, and a near-duplicate that slips through is kept (never lost), as with keep_both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from services.errors import RateLimited
+from services.ports import LLM, ChatMessage, Embedder
+from services.recent_vectors import RecentVectors
+from services.scoped import OrgSql, OrgVectors
+
+__all__ = [
+    "DUPLICATE_BLOCK", "DUPLICATE_FLAG", "CANDIDATE_MIN", "Decisions", "Plan", "Similar", "validate_answer",
+    "COMBINED_SCHEMA", "CONTRADICTION_SCHEMA",
+]
+
+log = logging.getLogger("memex.decisions")
+
+DUPLICATE_BLOCK = 0.95
+DUPLICATE_FLAG = 0.85
+CANDIDATE_MIN = 0.45
+MAX_CANDIDATES = 5
+OVERFETCH = 3  # chunks per parent: query wider, then keep the best chunk of each thought
+PROMPT_CHARS = 2000  # of each memory shown to the model; a truncated one can't be merged
+
+SYSTEM = "You maintain a long-term memory store. You compare a NEW memory with EXISTING ones and answer in JSON only."
+
+COMBINED = (
+    "Choose exactly one action. Prioritise in this order:\n"
+    '1. "contradiction" - new memory DIRECTLY CONFLICTS with an existing one\n'
+    '2. "replace" - new memory clearly supersedes an existing one\n'
+    '3. "merge" - both memories are complementary and better as one combined entry\n'
+    '4. "keep_both" - memories are different enough to coexist\n'
+    "Respond with JSON only.\n"
+    '{"action":"keep_both"} OR {"action":"contradiction","conflicting_id":"<id>","reason":"<10 words max>"} OR '
+    '{"action":"replace","target_id":"<id>"} OR {"action":"merge","target_id":"<id>","merged_content":"<text>"}'
+)
+
+CONTRADICTION = (
+    "Does the NEW memory DIRECTLY CONFLICT with one of the EXISTING memories (they cannot both be true)?\n"
+    "Respond with JSON only.\n"
+    '{"action":"keep_both"} OR {"action":"contradiction","conflicting_id":"<id>","reason":"<10 words max>"}'
+)
+
+COMBINED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["contradiction", "replace", "merge", "keep_both"]},
+        "conflicting_id": {"type": "string"},
+        "target_id": {"type": "string"},
+        "merged_content": {"type": "string"},
+        "reason": {"type": "string"},
+    },
+    "required": ["action"],
+}
+CONTRADICTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["contradiction", "keep_both"]},
+        "conflicting_id": {"type": "string"},
+        "reason": {"type": "string"},
+    },
+    "required": ["action"],
+}
+
+
+@dataclass(slots=True)
+class Similar:
+    """An existing thought close to the new one."""
+
+    id: str
+    score: float
+    content: str = ""
+    truncated: bool = False
+
+
+@dataclass(slots=True)
+class Plan:
+    """What capture does: created | duplicate | flagged | keep_both | contradiction | replace | merge."""
+
+    action: str
+    related_id: str | None = None
+    reason: str | None = None
+    similarity: float | None = None
+    merged_content: str | None = None
+    #: The first chunk's embedding (handed to the embedding job).
+    vector: np.ndarray | None = None
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_NEGATIONS = frozenset("not no never none nothing nobody cannot without don doesn didn isn aren wasn weren won wouldn shouldn can".split())
+
+
+def salient(text: str) -> set[str]:
+    """The words an embedding barely sees but that change what a note says: numbers and negations."""
+    return {w for w in (m.lower() for m in _WORD.findall(text)) if w in _NEGATIONS or any(ch.isdigit() for ch in w)}
+
+
+def _band(best: float, multi_chunk: bool, same_facts: bool = True) -> str:
+    if best >= DUPLICATE_BLOCK:
+        return "flag" if multi_chunk or not same_facts else "duplicate"
+    if best >= DUPLICATE_FLAG:
+        return "flag"
+    if best >= CANDIDATE_MIN:
+        return "candidate"
+    return "none"
+
+
+def _short(text: Any, limit: int = 200) -> str | None:
+    if not isinstance(text, str) or not text.strip():
+        return None
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def validate_answer(
+    data: Any, offered: Mapping[str, Similar], *, band: str, new_truncated: bool = False,
+    max_content_bytes: int = 256 * 1024,
+) -> Plan:
+    """The model's answer as a Plan, or keep_both (with the reason it was refused) when it is not valid.
+
+    ``offered`` maps the ids shown to the model (short aliases) to the candidates; a candidate's real id is
+    accepted too. ``band`` is ``flag`` (all four actions) or ``candidate`` (contradiction or keep_both)."""
+    best = max(offered.values(), key=lambda c: c.score) if offered else None
+
+    def keep(reason: str) -> Plan:
+        return Plan("keep_both", best.id if best else None, reason, round(best.score, 4) if best else None)
+
+    if not isinstance(data, dict):
+        return keep("invalid model answer: not a JSON object")
+    action = data.get("action")
+    allowed = ("contradiction", "replace", "merge", "keep_both") if band == "flag" else ("contradiction", "keep_both")
+    if action not in allowed:
+        return keep(f"invalid model answer: action {str(action)[:40]!r} not allowed here")
+    if action == "keep_both":
+        return keep(_short(data.get("reason")) or "the model chose to keep both")
+
+    by_real = {c.id: c for c in offered.values()}
+    key = "conflicting_id" if action == "contradiction" else "target_id"
+    raw = data.get(key)
+    cand = (offered.get(raw) or by_real.get(raw)) if isinstance(raw, str) else None
+    if cand is None:
+        return keep(f"invalid model answer: {key} is not one of the candidates")
+    sim = round(cand.score, 4)
+    if action == "contradiction":
+        return Plan("contradiction", cand.id, _short(data.get("reason")) or "contradicts an existing thought", sim)
+    if cand.score < DUPLICATE_FLAG:
+        return keep(f"invalid model answer: {action} of a candidate below {DUPLICATE_FLAG}")
+    if action == "replace":
+        return Plan("replace", cand.id, _short(data.get("reason")) or "supersedes an existing thought", sim)
+    merged = data.get("merged_content")
+    if not isinstance(merged, str) or not merged.strip():
+        return keep("invalid model answer: merge without merged_content")
+    if new_truncated or cand.truncated:
+        return keep("not merged: a memory was too long to show the model whole")
+    if len(merged.encode("utf-8")) > max_content_bytes:
+        return keep("invalid model answer: merged_content is over the size limit")
+    return Plan("merge", cand.id, _short(data.get("reason")) or "merged with an existing thought", sim,
+                merged_content=merged.strip())
+
+
+class Decisions:
+    """The write-time decision of one organization's captures."""
+
+    def __init__(
+        self,
+        sql: OrgSql,
+        vectors: OrgVectors,
+        embedder: Embedder,
+        *,
+        llm: LLM | None = None,
+        recent: RecentVectors | None = None,
+        max_content_bytes: int = 256 * 1024,
+    ) -> None:
+        self.sql = sql
+        self.vectors = vectors
+        self.embedder = embedder
+        self.llm = llm
+        self.recent = recent
+        self.max_content_bytes = max_content_bytes
+
+    async def embed(self, text: str) -> np.ndarray:
+        return (await self.embedder.embed([text]))[0]
+
+    async def candidates(self, vector: np.ndarray) -> list[Similar]:
+        """The organization's thoughts nearest to ``vector`` (>= 0.45, best first, at most 5), each checked to
+        still exist in SQL (the index can hold a vector of a thought deleted moments ago)."""
+        best: dict[str, float] = {}
+        matches = await self.vectors.query(
+            vector, top_k=MAX_CANDIDATES * OVERFETCH, filter={"kind": {"$eq": "thought"}}, return_metadata=True
+        )
+        for m in matches:
+            md = m.metadata or {}
+            parent = md.get("parent_id")
+            if md.get("kind") == "thought" and parent and m.score > best.get(parent, -1.0):
+                best[parent] = float(m.score)
+        if self.recent is not None:
+            for parent, score in self.recent.similar(self.sql.org_id, vector):
+                if score > best.get(parent, -1.0):
+                    best[parent] = score
+        near = sorted(((p, s) for p, s in best.items() if s >= CANDIDATE_MIN), key=lambda x: x[1], reverse=True)
+        near = near[:MAX_CANDIDATES]
+        if not near:
+            return []
+        rows = await self.sql.rows(
+            "SELECT id, substr(content, 1, ?3) AS content, length(content) AS chars FROM documents "
+            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+            [json.dumps([p for p, _ in near]), PROMPT_CHARS],
+        )
+        found = {r["id"]: r for r in rows}
+        return [
+            Similar(p, min(1.0, s), found[p]["content"], found[p]["chars"] > PROMPT_CHARS)
+            for p, s in near
+            if p in found
+        ]
+
+    async def decide(self, content: str, first_chunk: str, *, multi_chunk: bool) -> Plan:
+        vector = await self.embed(first_chunk)
+        plan = await self._decide(content, vector, multi_chunk=multi_chunk)
+        plan.vector = vector
+        return plan
+
+    async def _decide(self, content: str, vector: np.ndarray, *, multi_chunk: bool) -> Plan:
+        cands = await self.candidates(vector)
+        if not cands:
+            return Plan("created")
+        top = cands[0]
+        new_facts, old_facts = salient(content[:PROMPT_CHARS]), salient(top.content)
+        same_facts = (new_facts <= old_facts) if top.truncated else (new_facts == old_facts)
+        band = _band(top.score, multi_chunk, same_facts)
+        sim = round(top.score, 4)
+        if band == "duplicate":
+            return Plan("duplicate", top.id, f"near-identical to an existing thought (similarity {sim})", sim)
+        if self.llm is None:
+            return self._without_model(band, top, "no language model configured")
+        offered = {f"m{i + 1}": c for i, c in enumerate(cands)}
+        messages = self._messages(content, offered, band)
+        schema = COMBINED_SCHEMA if band == "flag" else CONTRADICTION_SCHEMA
+        if band == "flag":
+            max_tokens = min(2048, 128 + 2 * (self.embedder.count_tokens(content[:PROMPT_CHARS])
+                                               + self.embedder.count_tokens(top.content)))
+        else:
+            max_tokens = 96
+        try:
+            result = await self.llm.complete_json(messages, schema=schema, max_tokens=max_tokens, temperature=0.2)
+        except RateLimited:  # the organization's LLM budget is spent (BudgetExceeded): as without a model
+            return self._without_model(band, top, "the organization's language-model budget is spent")
+        except Exception as exc:  # the model failed or answered no JSON: keep both, never block the write
+            log.warning("decision model call failed: %s", exc)
+            return Plan("keep_both", top.id, f"the model failed ({type(exc).__name__}); kept both", sim)
+        return validate_answer(result.data, offered, band=band, new_truncated=len(content) > PROMPT_CHARS,
+                               max_content_bytes=self.max_content_bytes)
+
+    @staticmethod
+    def _without_model(band: str, top: Similar, why: str) -> Plan:
+        sim = round(top.score, 4)
+        if band == "flag":
+            return Plan("flagged", top.id, f"possible duplicate (similarity {sim}); {why}", sim)
+        return Plan("created", top.id, None, sim)
+
+    @staticmethod
+    def _messages(content: str, offered: Mapping[str, Similar], band: str) -> list[ChatMessage]:
+        def clip(text: str, truncated: bool) -> str:
+            return text[:PROMPT_CHARS] + (" […]" if truncated or len(text) > PROMPT_CHARS else "")
+
+        existing = "\n\n".join(
+            f'[id: "{alias}"] (similarity {c.score:.2f})\n{clip(c.content, c.truncated)}' for alias, c in offered.items()
+        )
+        instructions = COMBINED if band == "flag" else CONTRADICTION
+        user = f"{instructions}\n\nNEW memory:\n{clip(content, False)}\n\nEXISTING memories:\n{existing}"
+        return [ChatMessage("system", SYSTEM), ChatMessage("user", user)]
+

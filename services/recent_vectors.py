@@ -1,0 +1,137 @@
+"""Vectors computed at capture, kept in process for a few minutes: reused by the embedding job and compared
+by the write-time decisions while the index may not show them yet.
+
+A capture embeds its thought's first chunk once (services.decisions). The vector is remembered here under
+(organization, SHA-256 of the chunk text):
+
+* the embedding job's embedder (``OrgCachedEmbedder``) takes it instead of running the model again, so the
+  model's work moves onto the capture path instead of being done twice;
+* the decisions of the next captures compare against the organization's most recent entries as well as the
+  index, which covers the window in which a just-captured thought has no searchable vector yet (the job has
+  not run, or Vectorize has not applied the write).
+
+Entries are per organization (a cache hit must not tell one tenant what another captured), bounded in number
+and age. Process-local: several instances do not see each other's entries (see services.decisions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.ports import Embedder
+
+__all__ = ["RecentVectors", "OrgCachedEmbedder", "cached_embed_handler", "text_key"]
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(slots=True)
+class _Entry:
+    vector: np.ndarray
+    parent_id: str | None
+    at: float
+
+
+class RecentVectors:
+    def __init__(
+        self, *, max_entries: int = 8192, ttl_seconds: float = 900.0, scan: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_entries = max_entries
+        self.ttl = ttl_seconds
+        self.scan = scan
+        self.clock = clock
+        self._all: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._by_org: dict[str, OrderedDict[str, _Entry]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def put(self, org_id: str, text: str, vector: np.ndarray, parent_id: str | None = None) -> None:
+        key = (org_id, text_key(text))
+        entry = _Entry(np.asarray(vector, dtype=np.float32), parent_id, self.clock())
+        self._all[key] = entry
+        self._all.move_to_end(key)
+        org = self._by_org.setdefault(org_id, OrderedDict())
+        org[key[1]] = entry
+        org.move_to_end(key[1])
+        while len(self._all) > self.max_entries:
+            (old_org, old_key), _ = self._all.popitem(last=False)
+            bucket = self._by_org.get(old_org)
+            if bucket is not None:
+                bucket.pop(old_key, None)
+                if not bucket:
+                    del self._by_org[old_org]
+
+    def get(self, org_id: str, text: str) -> np.ndarray | None:
+        entry = self._all.get((org_id, text_key(text)))
+        if entry is None or self.clock() - entry.at > self.ttl:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry.vector
+
+    def similar(self, org_id: str, vector: np.ndarray) -> list[tuple[str, float]]:
+        """(parent id, cosine) of the organization's most recent captured thoughts, at most ``scan`` of them."""
+        bucket = self._by_org.get(org_id)
+        if not bucket:
+            return []
+        now = self.clock()
+        entries = []
+        for entry in reversed(bucket.values()):
+            if now - entry.at > self.ttl or len(entries) >= self.scan:
+                break
+            if entry.parent_id is not None:
+                entries.append(entry)
+        if not entries:
+            return []
+        scores = np.stack([e.vector for e in entries]) @ np.asarray(vector, dtype=np.float32)
+        return [(e.parent_id, float(s)) for e, s in zip(entries, scores)]
+
+
+class OrgCachedEmbedder:
+    """An ``Embedder`` for one organization's embedding jobs: vectors computed at capture are taken from
+    ``RecentVectors``, the rest are embedded in one call."""
+
+    def __init__(self, embedder: Embedder, recent: RecentVectors, org_id: str) -> None:
+        self.embedder = embedder
+        self.recent = recent
+        self.org_id = org_id
+        self.model_id = embedder.model_id
+        self.dimensions = embedder.dimensions
+        self.max_tokens = embedder.max_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return self.embedder.count_tokens(text)
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        missing = []
+        for i, text in enumerate(texts):
+            cached = self.recent.get(self.org_id, text)
+            if cached is None:
+                missing.append(i)
+            else:
+                out[i] = cached
+        if missing:
+            fresh = await self.embedder.embed([texts[i] for i in missing])
+            for row, i in enumerate(missing):
+                out[i] = fresh[row]
+        return out
+
+
+def cached_embed_handler(recent: RecentVectors):
+    """The ``embed`` job handler that takes the vectors computed at capture from ``recent``."""
+    from services.worker import embed_parent
+
+    async def handler(sql, vectors, embedder, job) -> None:
+        await embed_parent(sql, vectors, OrgCachedEmbedder(embedder, recent, sql.org_id), job)
+
+    return handler

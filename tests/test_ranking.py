@@ -1,0 +1,294 @@
+"""Ranking after fusion (memory-layer-lessons): recency, frequency, importance and penalties move scores in
+the stated direction, explain's parts multiply up to the score exactly, recall counts are bumped, the
+reranker's results are cached."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.adapters.hash_embedder import HashEmbedder
+from services.adapters.local_vectors import LocalVectorIndex
+from services.adapters.sqlite import SqliteDatabase
+from services.migrate import apply_pending
+from services.models import SearchHit
+from services.ranking import (
+    DAY_MS, Ranking, RankingConfig, RecallCounter, RerankCache, decay_class, frequency, importance, is_rollup,
+    penalty, recency,
+)
+from services.scoped import OrgSql, OrgVectors
+from services.search import Search, SearchOptions, hydrate_thoughts
+from services.thoughts import Thoughts
+from services.worker import JobWorker
+
+PARTS = ("relevance", "recency", "frequency", "importance", "penalty")
+
+
+def product(explain: dict) -> float:
+    score = explain["relevance"]
+    for part in PARTS[1:]:
+        score = score * explain[part]
+    return score
+
+
+# -- the multipliers --------------------------------------------------------------------------------
+
+def test_recency_halves_at_the_half_life():
+    assert recency(0, 7) == 1.0
+    assert recency(7 * DAY_MS, 7) == pytest.approx(0.5, rel=1e-12)
+    assert recency(14 * DAY_MS, 7) == pytest.approx(0.25, rel=1e-12)
+    assert recency(-DAY_MS, 7) == 1.0  # a clock skew never boosts
+    week = 7 * DAY_MS
+    assert recency(week, 7) < recency(week, 90) < recency(week, 180) < 1.0
+
+
+def test_frequency_grows_with_recalls_and_slows_down():
+    assert frequency(0) == frequency(None) == 1.0
+    values = [frequency(n) for n in (0, 1, 2, 10, 100)]
+    assert values == sorted(values) and len(set(values)) == 5
+    assert values[1] - values[0] > (values[4] - values[3]) / 90  # log1p: each recall adds less
+
+
+def test_importance_maps_one_to_five_onto_088_120():
+    assert importance(1) == pytest.approx(0.88)
+    assert importance(3) == pytest.approx(1.04)
+    assert importance(5) == pytest.approx(1.20)
+    assert importance(None) == importance(0) == 1.0
+    assert importance(9) == importance(5) and importance(-2) == importance(1)
+
+
+def test_decay_classes_from_tags_and_metadata():
+    cfg = RankingConfig()
+    assert decay_class(["todo", "billing"], {}, cfg) == "task"
+    assert decay_class(["preference"], {}, cfg) == "context"
+    assert decay_class(["todo", "preference"], {}, cfg) == "task"
+    assert decay_class(["billing"], {}, cfg) == "work"
+    assert decay_class([], {"type": "Task"}, cfg) == "task"
+    assert decay_class(["task-backlog"], {}, cfg) == "task"
+    assert cfg.half_life_days("task") == 7 and cfg.half_life_days("work") == 90 and cfg.half_life_days("context") == 180
+    custom = RankingConfig(task_tags=frozenset({"chore-x"}), task_half_life_days=2)
+    assert decay_class(["chore-x"], {}, custom) == "task" and custom.half_life_days("task") == 2
+
+
+def test_penalties_for_short_and_rolled_up_entries():
+    cfg = RankingConfig()
+    assert penalty(20, False, cfg) == (1.0, [])
+    assert penalty(None, False, cfg) == (1.0, [])
+    assert penalty(2, False, cfg) == (0.85, ["short"])
+    assert penalty(20, True, cfg) == (0.8, ["rollup"])
+    assert penalty(1, True, cfg)[0] == pytest.approx(0.68)
+    assert is_rollup([], {"rollup": True}) and is_rollup(["weekly", "digest"], {}) and is_rollup([], {"type": "rollup"})
+    assert not is_rollup(["weekly"], {"rollup": "yes"})
+
+
+# -- through the search -----------------------------------------------------------------------------
+
+class Env:
+    def __init__(self, db, index, emb, ranking):
+        self.db, self.index, self.emb, self.ranking = db, index, emb, ranking
+        self.sql = OrgSql(db, "org_a")
+        self.vectors = OrgVectors(index, "org_a")
+        self.thoughts = Thoughts(self.sql, self.vectors, emb)
+        self.search = Search(self.sql, self.vectors, emb, {"thought": hydrate_thoughts}, ranking=ranking)
+
+    async def run(self, query: str, **kw) -> list[SearchHit]:
+        return (await self.search.search(SearchOptions(query=query, explain=True, **kw))).results
+
+    async def set(self, doc_id: str, **cols) -> None:
+        for col, value in cols.items():
+            await self.sql.execute(f"UPDATE documents SET {col} = ?3 WHERE organization_id = ?1 AND id = ?2", [doc_id, value])
+
+
+async def _noop(*_):
+    return None
+
+
+@pytest.fixture
+async def env(tmp_path):
+    db = SqliteDatabase(tmp_path / "m.sqlite3")
+    await apply_pending(db)
+    await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_a', 'a', 'A', 'active', 1)")
+    emb = HashEmbedder()
+    index = LocalVectorIndex(tmp_path / "v.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
+    e = Env(db, index, emb, Ranking(recall=RecallCounter(db, delay=3600), rerank_cache=RerankCache()))
+    e.ids = {}
+    for name, text in {
+        "harbour": "The harbour ferry timetable changes in winter: boats leave every forty minutes from pier two.",
+        "ferry": "Ferry tickets for the harbour crossing are cheaper when bought as a book of ten.",
+        "bakery": "The bakery on the corner sells rye bread on Saturdays only.",
+    }.items():
+        e.ids[name] = (await e.thoughts.capture(text)).id
+    await JobWorker(db, index, emb, handlers={"enrich": _noop}).drain()
+    yield e
+    await index.close()
+    await db.close()
+
+
+def _by_doc(hits):
+    return {h.document_id: h for h in hits}
+
+
+async def test_explain_parts_multiply_up_to_the_score_exactly(env):
+    await env.set(env.ids["ferry"], importance=5, recall_count=3, updated_at=int(time.time() * 1000) - 40 * DAY_MS)
+    hits = await env.run("harbour ferry")
+    assert len(hits) >= 2
+    for h in hits:
+        e = h.explain
+        assert set(PARTS) | {"fused", "rerank", "score", "keyword_rank", "vector_rank", "vector_score"} <= set(e)
+        assert product(e) == h.score == e["score"]  # exact, not approximate
+        assert e["relevance"] == e["fused"] and e["rerank"] is None
+    ferry = _by_doc(hits)[env.ids["ferry"]].explain
+    assert ferry["importance"] == pytest.approx(1.2) and ferry["frequency"] == pytest.approx(1 + 1.3862943611198906)
+    assert ferry["recency"] == pytest.approx(0.5 ** (40 / 90), rel=1e-3) and ferry["recency_class"] == "work"
+    assert hits == sorted(hits, key=lambda h: h.score, reverse=True)
+
+
+async def test_recency_frequency_and_importance_move_scores_as_stated(env):
+    base = _by_doc(await env.run("harbour ferry"))
+    doc = env.ids["harbour"]
+    now = int(time.time() * 1000)
+
+    await env.set(doc, updated_at=now - 200 * DAY_MS)
+    older = _by_doc(await env.run("harbour ferry"))[doc]
+    assert older.score < base[doc].score and older.explain["recency"] < 0.25
+
+    await env.set(doc, updated_at=now, recall_count=5)
+    recalled = _by_doc(await env.run("harbour ferry"))[doc]
+    assert recalled.score > base[doc].score and recalled.explain["frequency"] > 2.5
+
+    await env.set(doc, recall_count=0, importance=1)
+    low = _by_doc(await env.run("harbour ferry"))[doc]
+    await env.set(doc, importance=5)
+    high = _by_doc(await env.run("harbour ferry"))[doc]
+    assert low.score < base[doc].score < high.score
+
+    await env.set(doc, importance=None, tags='["todo"]', updated_at=now - 7 * DAY_MS)
+    task = _by_doc(await env.run("harbour ferry"))[doc]
+    assert task.explain["recency_class"] == "task" and task.explain["recency"] == pytest.approx(0.5, rel=1e-3)
+
+
+async def test_an_old_first_result_drops_below_a_fresh_second(env):
+    hits = await env.run("harbour ferry timetable")
+    first, second = hits[0].document_id, hits[1].document_id
+    await env.set(first, updated_at=int(time.time() * 1000) - 720 * DAY_MS)
+    again = await env.run("harbour ferry timetable")
+    order = [h.document_id for h in again]
+    assert order[0] == second and order.index(first) > 0
+
+
+async def test_short_and_rolled_up_entries_are_penalised(env):
+    short = (await env.thoughts.capture("harbour ferry")).id
+    rollup = (await env.thoughts.capture("Weekly digest: harbour ferry timetable, ferry tickets, bakery rye bread.",
+                                         metadata={"rollup": True})).id
+    await JobWorker(env.db, env.index, env.emb, handlers={"enrich": _noop}).drain()
+    hits = _by_doc(await env.run("harbour ferry"))
+    assert hits[short].explain["penalty"] == pytest.approx(0.85) and hits[short].explain["penalties"] == ["short"]
+    assert hits[rollup].explain["penalty"] == pytest.approx(0.8) and hits[rollup].explain["penalties"] == ["rollup"]
+    assert hits[env.ids["harbour"]].explain["penalty"] == 1.0
+
+
+async def test_returned_thoughts_have_their_recall_count_bumped_off_the_hot_path(env):
+    hits = await env.run("harbour ferry", top_k=1)
+    returned = hits[0].document_id
+    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
+    assert set(counts.values()) == {0}  # nothing written during the request
+    await env.ranking.recall.flush()
+    await env.run("harbour ferry", top_k=1)
+    await env.run("harbour ferry", top_k=1)
+    await env.ranking.recall.flush()
+    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
+    assert counts[returned] == 3 and sum(counts.values()) == 3
+
+
+async def test_the_recall_counter_flushes_by_itself(env):
+    env.ranking.recall.delay = 0.01
+    await env.run("bakery rye", top_k=1)
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        row = await env.sql.one("SELECT recall_count FROM documents WHERE organization_id = ?1 AND id = ?2", [env.ids["bakery"]])
+        if row["recall_count"] == 1:
+            break
+    assert row["recall_count"] == 1
+
+
+async def test_conversation_hits_get_recency_only():
+    now = int(time.time() * 1000)
+    hit = SearchHit(kind="conversation", document_id="c1", chunk_id="k1", chunk_content="x", score=0.5,
+                    tags=["todo"], created_at=now - 400 * DAY_MS,
+                    messages=[{"created_at": now - 400 * DAY_MS}, {"created_at": now - 180 * DAY_MS}])
+    (out,) = await Ranking().apply(None, "q", [hit], explain=True)
+    e = out.explain
+    assert (e["frequency"], e["importance"], e["penalty"]) == (1.0, 1.0, 1.0)
+    assert e["recency_class"] == "context" and e["recency"] == pytest.approx(0.5, rel=1e-3)  # the newest message
+    assert product(e) == out.score
+
+
+async def test_the_reranker_runs_once_per_query_and_candidate_set(env):
+    calls = []
+
+    async def rerank(query, hits):
+        calls.append(query)
+        for i, h in enumerate(reversed(hits)):  # the reranker prefers the fused order reversed
+            h.score = 0.9 - i * 0.1
+        return list(reversed(hits))
+
+    env.search._rerank = rerank
+    first = await env.run("harbour ferry")
+    second = await env.run("harbour ferry")
+    assert calls == ["harbour ferry"] and env.ranking.rerank_cache.hits == 1
+    assert [h.document_id for h in first] == [h.document_id for h in second]
+    for h in second:
+        assert h.explain["rerank"] == h.explain["relevance"] != h.explain["fused"]
+        assert product(h.explain) == h.score
+    await env.run("bakery bread")
+    assert calls == ["harbour ferry", "bakery bread"]
+    # a new candidate changes the set: computed again
+    await env.thoughts.capture("A harbour ferry strike is planned for Monday.")
+    await env.run("harbour ferry")
+    assert calls[-1] == "harbour ferry" and len(calls) == 3
+
+
+def test_the_rerank_cache_expires_after_its_ttl():
+    clock = [0.0]
+    cache = RerankCache(ttl=3600, clock=lambda: clock[0])
+    calls = []
+
+    async def rerank(query, hits):
+        calls.append(1)
+        return hits
+
+    hits = [SearchHit(kind="thought", document_id="d", chunk_id="c", chunk_content="x", score=1.0)]
+    asyncio.run(cache.run("org", "q", hits, rerank))
+    clock[0] = 3599
+    asyncio.run(cache.run("org", "q", hits, rerank))
+    assert len(calls) == 1
+    asyncio.run(cache.run("other-org", "q", hits, rerank))
+    assert len(calls) == 2  # per organization
+    clock[0] = 3601
+    asyncio.run(cache.run("org", "q", hits, rerank))
+    assert len(calls) == 3
+
+
+async def test_only_the_first_results_count_as_recalled(env):
+    env.ranking.config = RankingConfig(recall_top=1)
+    hits = await env.run("harbour ferry", top_k=3)
+    assert len(hits) >= 2
+    await env.ranking.recall.flush()
+    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
+    assert counts[hits[0].document_id] == 1 and sum(counts.values()) == 1
+    env.ranking.config = RankingConfig(recall_top=0)
+    await env.run("harbour ferry", top_k=3)
+    await env.ranking.recall.flush()
+    assert sum(r["recall_count"] for r in await env.sql.rows("SELECT recall_count FROM documents WHERE organization_id = ?1")) == 1
+
+
+async def test_a_heuristic_importance_does_not_reorder_relevance(env):
+    doc = env.ids["harbour"]
+    await env.set(doc, importance=5, enrichment_state="extractive")
+    e = _by_doc(await env.run("harbour ferry"))[doc].explain
+    assert e["importance"] == 1.0 and e["importance_level"] == 5 and e["importance_source"] == "extractive"
+    await env.set(doc, enrichment_state="llm")
+    e = _by_doc(await env.run("harbour ferry"))[doc].explain
+    assert e["importance"] == pytest.approx(1.2) and e["importance_source"] == "llm"
