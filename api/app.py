@@ -13,10 +13,14 @@ from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme, Tag
 
 from api.auth import PUBLIC_PATHS, AuthMiddleware
+from api.conversations import conversation_handlers  # also registers the conversation MCP tools
+from api.enrichment import enrichment_handlers
 from api.docs import docs_handlers, swagger_assets
 from api.errors import exception_handlers
+from api.history import history_handlers  # also registers the history MCP tools
 from api.mcp import mcp_handlers
 from api.routes import route_handlers
+from api.strict import strict_body
 from api.settings import Settings
 from api.wiring import Memex
 
@@ -60,6 +64,8 @@ def openapi_config() -> OpenAPIConfig:
             Tag(name="access", description="Cloudflare Access members and service tokens (admin scope)"),
             Tag(name="thoughts", description="Captured notes"),
             Tag(name="search", description="Hybrid search"),
+            Tag(name="conversations", description="Verbatim multi-turn conversations"),
+            Tag(name="admin", description="Organization maintenance (admin scope)"),
             Tag(name="second-brain compatibility", description="The seed's original routes"),
             Tag(name="operations", description="Health"),
         ],
@@ -84,11 +90,12 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
         finally:
             await m.stop()
 
-    return Litestar(
-        route_handlers=[*route_handlers, *mcp_handlers, *docs_handlers()],
+    app = Litestar(
+        route_handlers=[*route_handlers, *history_handlers, *conversation_handlers, *enrichment_handlers, *mcp_handlers, *docs_handlers()],
         lifespan=[lifespan],
         middleware=[DefineMiddleware(AuthMiddleware, exclude=PUBLIC_PATHS)],
         exception_handlers=exception_handlers,
+        before_request=strict_body,
         openapi_config=openapi_config(),
         cors_config=CORSConfig(
             allow_origins=["*"],
@@ -99,3 +106,25 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
         request_max_body_size=8 * 1024 * 1024,
         debug=False,
     )
+    _close_request_objects(app)
+    return app
+
+
+def _all_structs(base: type) -> list[type]:
+    out = []
+    for sub in base.__subclasses__():
+        out.append(sub)
+        out.extend(_all_structs(sub))
+    return out
+
+
+def _close_request_objects(app: Litestar) -> None:
+    """Request Structs declared with forbid_unknown_fields reject unknown fields: say so in the schema
+    (additionalProperties: false), which Litestar's generator leaves out."""
+    import msgspec
+
+    closed = {cls.__name__ for cls in _all_structs(msgspec.Struct) if cls.__struct_config__.forbid_unknown_fields}
+    components = app.openapi_schema.components.schemas or {}
+    for name, schema in components.items():
+        if name in closed:
+            schema.additional_properties = False

@@ -203,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     data_dir(ri)
     ri.set_defaults(fn=cmd_reindex)
 
+    from api.enrichment_cli import add_commands as add_enrich_commands
+
+    add_enrich_commands(sub, data_dir)
+
+    from api.conversations_cli import add_commands as add_conversation_commands
+
+    add_conversation_commands(sub, data_dir)
+
     key = sub.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
     kc = key.add_parser("create", help="create a key (printed once)")
     kc.add_argument("--org", required=True, help="organization slug")

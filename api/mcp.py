@@ -94,7 +94,9 @@ async def _recent(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 TOOLS: list[McpTool] = [
     McpTool(
         "capture_thought", "write",
-        "Save a markdown note to this organization's memory. Idempotent: the same content returns the same id.",
+        "Save a markdown note to this organization's memory. Idempotent: the same content returns the same id. "
+        "The result's decision says what happened: created, duplicate (blocked; the existing id is returned), "
+        "flagged (a possible duplicate of related_id), contradiction, merged, replaced or kept_both.",
         _obj({"content": {"type": "string", "minLength": 1, "description": "markdown text"},
               "source": {"type": "string", "maxLength": 500, "description": "where it came from, e.g. obsidian:note.md"},
               "metadata": {"type": "object", "description": "any JSON object"}}, ["content"]),

@@ -79,6 +79,7 @@ async def health(state: State) -> Health:
     return Health(
         status="ok", sql=s.sql, vectors=s.vectors, embedder=s.embedder,
         embedding_model=memex.backend.embedder.model_id, pending_jobs=await memex.worker.pending(),
+        cloudflare=memex.backend.cloudflare_stats(),
     )
 
 

@@ -132,3 +132,5 @@ class Health(msgspec.Struct):
     embedder: str
     embedding_model: str
     pending_jobs: int
+    #: Cloudflare API requests, retries and the client-side request budget (null on the embedded backend).
+    cloudflare: dict[str, Any] | None = None

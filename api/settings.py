@@ -75,6 +75,39 @@ class Settings:
     cloudflare_budget_window: float = 300.0
     #: Longest a call waits for a budget slot before failing with 503.
     cloudflare_budget_max_wait: float = 30.0
+    #: Which language model enriches and decides: ``none`` (deterministic paths only), ``workers-ai`` or ``openai``.
+    llm: str = "none"
+    #: OpenAI-compatible endpoint base URL (e.g. https://api.openai.com/v1, http://localhost:11434/v1 for Ollama).
+    llm_base_url: str | None = None
+    #: Model name for MEMEX_LLM=openai (required there); overrides @cf/meta/llama-3.1-8b-instruct for workers-ai.
+    llm_model: str | None = None
+    #: API key sent as a Bearer token to the OpenAI-compatible endpoint (none for local servers).
+    llm_api_key: str | None = None
+    #: ``response_format`` asked of the OpenAI-compatible endpoint: ``json_schema`` or ``json_object``.
+    llm_response_format: str = "json_schema"
+    #: Second-stage reranker: ``none``, ``workers-ai`` (bge-reranker-base) or ``local`` (offline cross-encoder).
+    reranker: str = "none"
+    #: LLM calls one organization may make per UTC day (over it, enrichment is skipped and recorded).
+    llm_calls_per_day: int = 500
+    #: LLM tokens (prompt + completion) one organization may spend per UTC day.
+    llm_tokens_per_day: int = 200_000
+    #: How many of an organization's most used tags are offered to the model for reuse.
+    enrich_vocabulary_size: int = 30
+
+    #: Write-time decisions on capture (duplicate / contradiction / replace / merge bands); off: every new
+    #: content is simply created (no embedding or vector query on the capture path).
+    decisions: bool = True
+    #: Ranking half-lives in days (recency = 0.5 ** (age / half-life)) for task-like, work and context thoughts.
+    rank_task_half_life_days: float = 7.0
+    rank_work_half_life_days: float = 90.0
+    rank_context_half_life_days: float = 180.0
+    #: Tags that make a thought task-like / context (empty: the built-in lists in services.ranking).
+    rank_task_tags: list[str] = field(default_factory=list)
+    rank_context_tags: list[str] = field(default_factory=list)
+    #: Seconds a reranker's result is reused for the same query and candidates (in process).
+    rerank_cache_seconds: float = 3600.0
+    #: A search counts as a recall (frequency multiplier) of the thoughts in its first N results; 0 = none.
+    rank_recall_top: int = 10
 
     @property
     def sqlite_path(self) -> Path:
@@ -117,5 +150,22 @@ class Settings:
             cloudflare_api_base_url=_env("CLOUDFLARE_API_BASE_URL", "https://api.cloudflare.com/client/v4"),
             cloudflare_budget_limit=_int("MEMEX_CLOUDFLARE_BUDGET", 1100),
             cloudflare_budget_window=float(_env("MEMEX_CLOUDFLARE_BUDGET_WINDOW", "300")),
+            llm=_env("MEMEX_LLM", "none"),
+            llm_base_url=_env("MEMEX_LLM_BASE_URL"),
+            llm_model=_env("MEMEX_LLM_MODEL"),
+            llm_api_key=_env("MEMEX_LLM_API_KEY"),
+            llm_response_format=_env("MEMEX_LLM_RESPONSE_FORMAT", "json_schema"),
+            reranker=_env("MEMEX_RERANKER", "none"),
+            llm_calls_per_day=_int("MEMEX_LLM_CALLS_PER_DAY", 500),
+            llm_tokens_per_day=_int("MEMEX_LLM_TOKENS_PER_DAY", 200_000),
+            enrich_vocabulary_size=_int("MEMEX_ENRICH_VOCABULARY_SIZE", 30),
+            decisions=_env("MEMEX_DECISIONS", "on").lower() not in ("off", "0", "false", "no"),
+            rank_task_half_life_days=float(_env("MEMEX_RANK_TASK_HALF_LIFE_DAYS", "7")),
+            rank_work_half_life_days=float(_env("MEMEX_RANK_WORK_HALF_LIFE_DAYS", "90")),
+            rank_context_half_life_days=float(_env("MEMEX_RANK_CONTEXT_HALF_LIFE_DAYS", "180")),
+            rank_task_tags=_list("MEMEX_RANK_TASK_TAGS"),
+            rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
+            rerank_cache_seconds=float(_env("MEMEX_RERANK_CACHE_SECONDS", "3600")),
+            rank_recall_top=_int("MEMEX_RANK_RECALL_TOP", 10),
         )
         return replace(base, **overrides)

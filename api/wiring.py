@@ -10,8 +10,15 @@ import httpx
 from api.settings import Settings
 from services.errors import InvalidInput
 from services.migrate import apply_pending
-from services.ports import Embedder, SqlDatabase, VectorIndex
+from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
+from services.conversation_search import ConversationHydrator
+from services.conversations import ConversationLimits, Conversations, KeyedLocks
+from services.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
+from services.llm_budget import BudgetedLLM, LLMBudget
+from services.decisions import Decisions
+from services.ranking import Ranking, RankingConfig, RecallCounter, RerankCache
+from services.recent_vectors import RecentVectors, cached_embed_handler
 from services.search import Search, hydrate_thoughts
 from services.thoughts import ThoughtLimits, Thoughts
 from services.worker import JobWorker, reconcile_org
@@ -33,8 +40,24 @@ class Backend:
     embedder: Embedder
     http: httpx.AsyncClient | None = None
     index_was_reset: bool = False
+    #: The language model (MEMEX_LLM); None = none configured: enrichment and decisions run deterministically.
+    llm: LLM | None = None
+    #: The second-stage reranker (MEMEX_RERANKER); None = none.
+    reranker: Reranker | None = None
+
+    def cloudflare_stats(self) -> dict | None:
+        """Requests, retries and the request budget of the Cloudflare adapters (None on the embedded backend)."""
+        if self.http is None:
+            return None
+        from services.adapters.cloudflare import cloudflare_stats
+
+        return cloudflare_stats(self.http)
 
     async def close(self) -> None:
+        for model in (self.llm, self.reranker):
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
         await self.index.close()
         await self.db.close()
         if self.http is not None:
@@ -58,7 +81,8 @@ def _embedder(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
 
 
 def build_backend(settings: Settings) -> Backend:
-    cloud = "d1" in settings.sql or settings.vectors == "vectorize" or settings.embedder == "workers-ai"
+    cloud = ("d1" in settings.sql or settings.vectors == "vectorize" or settings.embedder == "workers-ai"
+             or settings.llm == "workers-ai" or settings.reranker == "workers-ai")
     http = None
     if cloud:
         from services.adapters.cloudflare import shared_client
@@ -89,7 +113,23 @@ def build_backend(settings: Settings) -> Backend:
         index = vectorize_index(settings, http, embedder)
     else:
         raise InvalidInput(f"unknown MEMEX_VECTORS {settings.vectors!r}")
-    return Backend(db=db, index=index, embedder=embedder, http=http, index_was_reset=reset)
+    from services.adapters.llm import build_llm, build_reranker
+
+    return Backend(db=db, index=index, embedder=embedder, http=http, index_was_reset=reset,
+                   llm=build_llm(settings, http), reranker=build_reranker(settings, http))
+
+
+def ranking_config(settings: Settings) -> RankingConfig:
+    base = RankingConfig()
+    return RankingConfig(
+        task_half_life_days=settings.rank_task_half_life_days,
+        work_half_life_days=settings.rank_work_half_life_days,
+        context_half_life_days=settings.rank_context_half_life_days,
+        task_tags=frozenset(t.lower() for t in settings.rank_task_tags) or base.task_tags,
+        context_tags=frozenset(t.lower() for t in settings.rank_context_tags) or base.context_tags,
+        rerank_cache_seconds=settings.rerank_cache_seconds,
+        recall_top=settings.rank_recall_top,
+    )
 
 
 @dataclass
@@ -101,6 +141,11 @@ class OrgServices:
     search: Search
     keys: OrgKeys
     bindings: OrgBindings
+    conversations: Conversations
+    #: The language model under this organization's daily budget; None when no model is configured.
+    llm: BudgetedLLM | None = None
+    #: Summary, tags and importance (the enrich job, the two-pass backfill).
+    enrichment: Enricher | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -129,11 +174,22 @@ class Memex:
             failures_per_minute=settings.auth_failures_per_minute,
             requests_per_minute=settings.key_rate_per_minute,
         )
-        self.worker = JobWorker(self.backend.db, self.backend.index, self.backend.embedder, poll_seconds=settings.worker_poll_seconds)
+        self.llm_budget = LLMBudget(calls_per_day=settings.llm_calls_per_day, tokens_per_day=settings.llm_tokens_per_day)
+        self.enrichment_config = EnrichmentConfig(vocabulary_size=settings.enrich_vocabulary_size)
+        self.worker = JobWorker(self.backend.db, self.backend.index, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
+                                handlers={ENRICH_JOB: enrich_job_handler(self.enricher)})
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes
         )
         self.hydrators = {"thought": hydrate_thoughts}
+        self.conversation_locks = KeyedLocks()  # appends to one conversation queue here, per process
+        self.conversation_limits = ConversationLimits(max_metadata_bytes=settings.max_metadata_bytes)
+        self.hydrators["conversation"] = ConversationHydrator()
+        # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
+        self.recent_vectors = RecentVectors()
+        self.worker.handlers["embed"] = cached_embed_handler(self.recent_vectors)
+        self.ranking = Ranking(config=ranking_config(settings), recall=RecallCounter(self.backend.db),
+                               rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
         applied = await apply_pending(self.backend.db)
@@ -160,7 +216,23 @@ class Memex:
     async def stop(self) -> None:
         await self.worker.stop()
         await self.keys.drain()
+        await self.ranking.recall.close()  # recall counts still pending
         await self.backend.close()
+
+    def budgeted_llm(self, sql: OrgSql) -> BudgetedLLM | None:
+        """The model under the organization's daily budget (None when no model is configured)."""
+        llm = self.backend.llm
+        return BudgetedLLM(llm, sql, self.llm_budget) if llm is not None else None
+
+    def enricher(self, sql: OrgSql, vectors: OrgVectors) -> Enricher:
+        return Enricher(sql, vectors, self.budgeted_llm(sql), self.enrichment_config)
+
+    def decisions(self, sql: OrgSql, vectors: OrgVectors) -> Decisions | None:
+        """Write-time decisions of one organization's captures (None when MEMEX_DECISIONS=off)."""
+        if not self.settings.decisions:
+            return None
+        return Decisions(sql, vectors, self.backend.embedder, llm=self.budgeted_llm(sql), recent=self.recent_vectors,
+                         max_content_bytes=self.settings.max_content_bytes)
 
     def for_org(self, ctx: AuthContext) -> OrgServices:
         sql = OrgSql(self.backend.db, ctx.org_id)
@@ -168,8 +240,13 @@ class Memex:
         emb = self.backend.embedder
         return OrgServices(
             ctx=ctx,
-            thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=self.worker.wake),
-            search=Search(sql, vectors, emb, self.hydrators),
+            thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=self.worker.wake,
+                              decisions=self.decisions(sql, vectors)),
+            search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking),
             keys=self.keys.for_org(ctx.org_id),
             bindings=OrgBindings(sql),
+            conversations=Conversations(sql, vectors, emb, locks=self.conversation_locks,
+                                        limits=self.conversation_limits, on_enqueue=self.worker.wake),
+            llm=self.budgeted_llm(sql),
+            enrichment=self.enricher(sql, vectors),
         )

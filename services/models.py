@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -15,6 +15,11 @@ __all__ = [
     "ThoughtPage",
     "SearchHit",
     "SearchResult",
+    "Decision",
+    "DecisionAction",
+    "HistoryEntry",
+    "ThoughtHistory",
+    "ThoughtLink",
 ]
 
 
@@ -43,11 +48,75 @@ class Thought(msgspec.Struct, kw_only=True):
     tags: list[str]
     created_at: int
     updated_at: int
+    #: 1 (trivial) - 5 (critical), from enrichment; null until enriched (or when enrichment failed).
+    importance: int | None = None
+    #: How summary, tags and importance were made: ``llm``, ``extractive`` (no model configured), ``failed``
+    #: or ``skipped_budget`` (fields empty; the backfill retries), or null while the enrichment is pending.
+    enrichment: str | None = None
+
+
+class ThoughtLink(msgspec.Struct, kw_only=True):
+    """A relation recorded at write time, shown on both thoughts."""
+
+    #: The other thought.
+    thought_id: str
+    kind: Literal["contradicts"]
+    #: ``outgoing``: this thought (the newer one) contradicts the other; ``incoming``: the other contradicts it.
+    direction: Literal["outgoing", "incoming"]
+    reason: str | None
+    created_at: int
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    """An original superseded by a merge or a replace: kept, restorable, until purged."""
+
+    id: str
+    #: The canonical thought that superseded it (it may have been deleted since).
+    thought_id: str
+    #: The original thought's id; null for a merge's incoming content, which was never stored on its own.
+    original_id: str | None
+    action: Literal["merged", "replaced"]
+    reason: str | None
+    content: str
+    content_hash: str
+    source: str | None
+    metadata: dict[str, Any]
+    summary: str | None
+    tags: list[str]
+    original_created_at: int
+    original_updated_at: int
+    #: When it moved to the history.
+    created_at: int
+
+
+class ThoughtHistory(msgspec.Struct, kw_only=True):
+    thought_id: str
+    #: Newest first.
+    entries: list[HistoryEntry]
 
 
 class ThoughtDetail(Thought, kw_only=True):
     chunks: list[ChunkView]
     indexing: IndexingState
+    #: Contradiction links to and from this thought.
+    links: list[ThoughtLink] = []
+    #: The originals this thought superseded (merged or replaced), newest first; see /history.
+    history: list[HistoryEntry] = []
+
+
+DecisionAction = Literal["created", "duplicate", "flagged", "merged", "replaced", "contradiction", "kept_both"]
+
+
+class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the write-time decision did with a capture (memory-layer-lessons' similarity bands)."""
+
+    action: DecisionAction
+    #: The existing thought the decision concerns (the duplicate, the flagged candidate, the contradicted,
+    #: replaced or merged one).
+    related_id: str | None = None
+    reason: str | None = None
+    #: Cosine similarity of the new content to ``related_id`` (or to the best candidate).
+    similarity: float | None = None
 
 
 class CaptureResult(msgspec.Struct, kw_only=True):
@@ -59,6 +128,7 @@ class CaptureResult(msgspec.Struct, kw_only=True):
     indexing: IndexingState
     created_at: int
     updated_at: int
+    decision: Decision = msgspec.field(default_factory=lambda: Decision(action="created"))
 
 
 class ThoughtPage(msgspec.Struct, kw_only=True):

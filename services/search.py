@@ -17,6 +17,7 @@ from typing import Any
 from services.errors import InvalidInput
 from services.models import SearchHit, SearchResult
 from services.ports import Embedder
+from services.ranking import Ranking
 from services.scoped import OrgSql, OrgVectors
 
 __all__ = ["SearchOptions", "Search", "fts_query", "KINDS", "Candidate", "Hydrator"]
@@ -67,11 +68,16 @@ Hydrator = Callable[[OrgSql, list[Candidate], SearchOptions], Awaitable[list[Sea
 
 
 class Search:
-    def __init__(self, sql: OrgSql, vectors: OrgVectors, embedder: Embedder, hydrators: dict[str, Hydrator]) -> None:
+    def __init__(
+        self, sql: OrgSql, vectors: OrgVectors, embedder: Embedder, hydrators: dict[str, Hydrator],
+        ranking: Ranking | None = None,
+    ) -> None:
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
         self.hydrators = hydrators
+        #: recency x frequency x importance x penalty after fusion (services.ranking); None: fused order.
+        self.ranking = ranking
 
     async def search(self, opts: SearchOptions) -> SearchResult:
         query = (opts.query or "").strip()
@@ -85,6 +91,11 @@ class Search:
         for k in kinds:
             if k not in self.hydrators:
                 raise InvalidInput(f"unknown kind {k!r}", details={"field": "kinds", "allowed": sorted(self.hydrators)})
+        if opts.parent_id is not None:  # a hydrator may refuse a parent that is not the caller's (404)
+            for k in kinds:
+                check = getattr(self.hydrators[k], "check_parent", None)
+                if check is not None:
+                    await check(self.sql, opts.parent_id)
         # Tag filters are applied on hydration, so fetch wider when they narrow the set.
         width = min(100, opts.top_k * OVERFETCH * (4 if opts.tags else 1))
 
@@ -103,7 +114,8 @@ class Search:
 
         best: dict[tuple[str, str], Candidate] = {}
         for c in sorted(fused.values(), key=lambda c: c.fused, reverse=True):
-            best.setdefault((c.kind, c.parent_id), c)
+            per_parent = getattr(self.hydrators[c.kind], "collapse_per_parent", True)
+            best.setdefault((c.kind, c.parent_id if per_parent else c.chunk_id), c)
         ranked = list(best.values())
 
         hits: list[SearchHit] = []
@@ -111,8 +123,15 @@ class Search:
             group = [c for c in ranked if c.kind == kind]
             if group:
                 hits.extend(await self.hydrators[kind](self.sql, group, opts))
-        hits.sort(key=lambda h: h.score, reverse=True)
-        return SearchResult(query=query, results=hits[: opts.top_k])
+        if self.ranking is not None:  # the reranker (when there is one, cached) and the multipliers
+            hits = await self.ranking.apply(self.sql, query, hits, explain=opts.explain,
+                                            rerank=getattr(self, "_rerank", None))
+        else:
+            hits.sort(key=lambda h: h.score, reverse=True)
+        results = hits[: opts.top_k]
+        if self.ranking is not None:
+            self.ranking.returned(self.sql.org_id, results)  # recall counts, written in the background
+        return SearchResult(query=query, results=results)
 
     async def _keyword(self, query: str, kinds: list[str], parent_id: str | None, width: int) -> list[tuple[str, str, str]]:
         match = fts_query(query)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from services.chunking import chunk_text, default_chunk_params
+from services.enrichment import enqueue_enrich
 from services.errors import InvalidInput, NotFound, PayloadTooLarge
-from services.models import CaptureResult, ChunkView, IndexingState, Thought, ThoughtDetail, ThoughtPage
+from services.decisions import Decisions, Plan
+from services.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
+from services.models import CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage
 from services.ports import Embedder
 from services.scoped import OrgSql, OrgVectors
 from services.ids import new_id, now_ms
@@ -23,6 +27,18 @@ from services.ids import new_id, now_ms
 __all__ = ["ThoughtLimits", "Thoughts", "EMBED_JOB", "enqueue_embed", "thought_from_row"]
 
 EMBED_JOB = "embed"
+log = logging.getLogger("memex.thoughts")
+
+#: Plan actions (services.decisions) as the capture response's decision.action.
+_ACTIONS = {"created": "created", "duplicate": "duplicate", "flagged": "flagged", "keep_both": "kept_both",
+            "contradiction": "contradiction", "replace": "replaced", "merge": "merged"}
+
+
+def _decision(plan: Plan) -> Decision:
+    if plan.action == "created":
+        return Decision(action="created")
+    return Decision(action=_ACTIONS[plan.action], related_id=plan.related_id, reason=plan.reason,
+                    similarity=plan.similarity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +69,8 @@ def thought_from_row(r: dict[str, Any]) -> Thought:
         metadata=json.loads(r["metadata"] or "{}"),
         summary=r["summary"],
         tags=json.loads(r["tags"]) if r["tags"] else [],
+        importance=r.get("importance"),
+        enrichment=r.get("enrichment_state"),
         created_at=r["created_at"],
         updated_at=r["updated_at"],
     )
@@ -78,18 +96,26 @@ class Thoughts:
         *,
         limits: ThoughtLimits = ThoughtLimits(),
         on_enqueue: Callable[[], None] | None = None,
+        decisions: Decisions | None = None,
     ) -> None:
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
         self.limits = limits
         self.on_enqueue = on_enqueue or (lambda: None)
+        #: Write-time decisions (None: every new content is simply created).
+        self.decisions = decisions
 
     # -- capture ---------------------------------------------------------------------------------
 
     async def capture(
-        self, content: str, *, source: str | None = None, metadata: dict[str, Any] | None = None
+        self, content: str, *, source: str | None = None, metadata: dict[str, Any] | None = None,
+        decide: bool = True,
     ) -> CaptureResult:
+        """Store a thought. Idempotent on the content's SHA-256 first; then, with ``decide`` and a
+        ``Decisions``, the write-time decision (services.decisions) may block a near-duplicate, flag it, link a
+        contradiction, or replace / merge an existing thought (the new one written first, the old one moved to
+        the history after). ``decide=False`` is the plain write (a restore from the history)."""
         if not isinstance(content, str) or not content.strip():
             raise InvalidInput("content must be a non-empty string", details={"field": "content"})
         size = len(content.encode("utf-8"))
@@ -103,14 +129,61 @@ class Thoughts:
         meta_json = check_metadata(metadata, self.limits.max_metadata_bytes)
         digest = hashlib.sha256(content.encode("utf-8")).hexdigest()
         now = now_ms()
+        deciding = decide and self.decisions is not None
 
-        existing = await self._touch(digest, now)
+        existing = await self._touch(digest, now, superseded=deciding)
         if existing is not None:
             return existing
 
         max_tokens, overlap = default_chunk_params(self.embedder)
         pieces = chunk_text(content, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens, overlap_tokens=overlap)
+        if not deciding:
+            return await self._write(content, digest, source, meta_json, pieces, now)
+
+        plan = await self.decisions.decide(content, pieces[0], multi_chunk=len(pieces) > 1)
+        if plan.action == "duplicate":
+            found = await self._result_of(plan.related_id)
+            if found is not None:
+                found.decision = _decision(plan)
+                return found
+            plan = Plan("created", vector=plan.vector)  # deleted meanwhile: nothing to be a duplicate of
+        stored = (content, digest, source, meta_json, pieces)
+        if plan.action == "merge":
+            merged, plan = await self._merged(plan, source, metadata)
+            stored = merged or stored
         doc_id = new_id()
+        extra = []
+        if plan.action == "contradiction":
+            extra.append(self.sql.stmt(
+                "INSERT INTO thought_links (organization_id, from_id, to_id, kind, reason, created_at) "
+                "SELECT ?1, ?2, ?3, 'contradicts', ?4, ?5 WHERE EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 "
+                "AND id = ?2) AND EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 AND id = ?3) "
+                "ON CONFLICT DO NOTHING",
+                doc_id, plan.related_id, plan.reason, now,
+            ))
+        recent = self.decisions.recent
+        if recent is not None and plan.vector is not None and stored[0] is content:
+            recent.put(self.sql.org_id, pieces[0], plan.vector, doc_id)  # the embedding job takes it from here
+        result = await self._write(*stored, now, doc_id=doc_id, extra=extra)
+        if not result.created:  # the same content was captured concurrently: that one stands
+            return result
+        if plan.action in ("replace", "merge"):
+            incoming = (content, digest, source, meta_json) if plan.action == "merge" else None
+            try:
+                await self._supersede(doc_id, plan, now, incoming)
+            except Exception:  # the new thought is stored; the old one stays as it was: both kept
+                log.warning("could not supersede %s by %s", plan.related_id, doc_id, exc_info=True)
+                if incoming is not None:  # the merged text is stored, the incoming one is not: store it too
+                    await self._write(content, digest, source, meta_json, pieces, now)
+                plan = Plan("keep_both", plan.related_id, f"{plan.action} failed; kept both", plan.similarity)
+        result.decision = _decision(plan)
+        return result
+
+    async def _write(
+        self, content: str, digest: str, source: str | None, meta_json: str, pieces: list[str], now: int,
+        *, doc_id: str | None = None, extra: list | None = None,
+    ) -> CaptureResult:
+        doc_id = doc_id or new_id()
         stmts = [
             self.sql.stmt(
                 "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, updated_at) "
@@ -127,7 +200,9 @@ class Thoughts:
                     new_id(), doc_id, ordinal, piece, self.embedder.count_tokens(piece),
                 )
             )
+        stmts.append(enqueue_enrich(self.sql, doc_id, now))  # before the embedding: its tags go in the vectors
         stmts.append(enqueue_embed(self.sql, doc_id, now, only_if_parent_in="documents"))
+        stmts.extend(extra or ())
         results = await self.sql.batch(stmts)
         if results[0].changes == 0:  # a concurrent capture of the same content won the race
             existing = await self._touch(digest, now)
@@ -145,19 +220,122 @@ class Thoughts:
             updated_at=now,
         )
 
-    async def _touch(self, digest: str, now: int) -> CaptureResult | None:
+    async def _merged(self, plan: Plan, source: str | None, metadata: dict[str, Any] | None):
+        """What a merge stores: the model's merged content, the request's source (else the target's) and the
+        target's metadata updated with the request's. None (keep both) when that cannot be stored."""
+        merged = plan.merged_content or ""
+        m_digest = hashlib.sha256(merged.encode("utf-8")).hexdigest()
+        target = await self.sql.one(
+            "SELECT source, metadata, (SELECT id FROM documents WHERE organization_id = ?1 AND content_hash = ?3) AS clash "
+            "FROM documents WHERE organization_id = ?1 AND id = ?2",
+            [plan.related_id, m_digest],
+        )
+        if target is None:
+            why = "not merged: the other thought was deleted meanwhile; kept both"
+        elif target["clash"] is not None:
+            why = f"not merged: the merged text is already stored as {target['clash']}; kept both"
+        else:
+            meta = {**json.loads(target["metadata"] or "{}"), **(metadata or {})}
+            try:
+                meta_json = check_metadata(meta, self.limits.max_metadata_bytes)
+            except PayloadTooLarge:
+                meta_json = check_metadata(metadata, self.limits.max_metadata_bytes)
+            max_tokens, overlap = default_chunk_params(self.embedder)
+            pieces = chunk_text(merged, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens, overlap_tokens=overlap)
+            return (merged, m_digest, source if source is not None else target["source"], meta_json, pieces), plan
+        log.info("merge refused: %s", why)
+        return None, Plan("keep_both", plan.related_id, why, plan.similarity, vector=plan.vector)
+
+    async def _supersede(self, new_doc: str, plan: Plan, now: int, incoming: tuple | None) -> None:
+        """After the new canonical thought is stored: move the old one to the history (with, for a merge, the
+        incoming content that was never stored on its own), then delete its rows, then its vectors."""
+        old = plan.related_id
+        action = "merged" if incoming is not None else "replaced"
+        chunk_ids = [
+            r["id"]
+            for r in await self.sql.rows(
+                "SELECT id FROM chunks WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2", [old]
+            )
+        ]
+        stmts = [
+            # earlier originals of the old thought now belong to the new canonical one
+            self.sql.stmt("UPDATE thought_history SET thought_id = ?2 WHERE organization_id = ?1 AND thought_id = ?3", new_doc, old),
+            self.sql.stmt(
+                "INSERT INTO thought_history (organization_id, id, thought_id, original_id, action, reason, content, "
+                "content_hash, source, metadata, summary, tags, original_created_at, original_updated_at, created_at) "
+                "SELECT ?1, ?2, ?3, id, ?4, ?5, content, content_hash, source, metadata, summary, tags, created_at, "
+                "updated_at, ?6 FROM documents WHERE organization_id = ?1 AND id = ?7",
+                new_id(), new_doc, action, plan.reason, now, old,
+            ),
+        ]
+        if incoming is not None:
+            content, digest, source, meta_json = incoming
+            stmts.append(self.sql.stmt(
+                "INSERT INTO thought_history (organization_id, id, thought_id, original_id, action, reason, content, "
+                "content_hash, source, metadata, summary, tags, original_created_at, original_updated_at, created_at) "
+                "VALUES (?1, ?2, ?3, NULL, 'merged', ?4, ?5, ?6, ?7, ?8, NULL, NULL, ?9, ?9, ?9)",
+                new_id(), new_doc, plan.reason, content, digest, source, meta_json, now,
+            ))
+            # the merged thought carries the old one's contradictions (it still says what the old one said)
+            stmts += [
+                self.sql.stmt("UPDATE OR IGNORE thought_links SET from_id = ?2 WHERE organization_id = ?1 AND from_id = ?3", new_doc, old),
+                self.sql.stmt("UPDATE OR IGNORE thought_links SET to_id = ?2 WHERE organization_id = ?1 AND to_id = ?3", new_doc, old),
+            ]
+        stmts += [
+            self.sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3", EMBED_JOB, old),
+            self.sql.stmt("DELETE FROM documents WHERE organization_id = ?1 AND id = ?2", old),  # chunks, links by trigger
+        ]
+        await self.sql.batch(stmts)
+        try:
+            await self.vectors.delete_by_ids(chunk_ids)
+        except Exception:  # the rows are gone: a stray vector is never shown (every read checks SQL)
+            log.warning("could not delete the vectors of superseded thought %s", old, exc_info=True)
+
+    async def _result_of(self, doc_id: str | None) -> CaptureResult | None:
         row = await self.sql.one(
-            "UPDATE documents SET updated_at = ?3 WHERE organization_id = ?1 AND content_hash = ?2 "
-            "RETURNING id, created_at, updated_at",
-            [digest, now],
+            "SELECT id, content_hash, created_at, updated_at FROM documents WHERE organization_id = ?1 AND id = ?2", [doc_id]
         )
         if row is None:
             return None
         state = await self._indexing(row["id"])
         return CaptureResult(
-            id=row["id"], created=False, content_hash=digest, chunks=state.chunks_total, indexing=state,
+            id=row["id"], created=False, content_hash=row["content_hash"], chunks=state.chunks_total, indexing=state,
             created_at=row["created_at"], updated_at=row["updated_at"],
         )
+
+    async def _touch(self, digest: str, now: int, *, superseded: bool = False) -> CaptureResult | None:
+        """The thought with this content (updated_at bumped), or None. With ``superseded``, content that a merge
+        or a replace moved to the history answers with the canonical thought that superseded it."""
+        touch = (
+            "UPDATE documents SET updated_at = ?3 WHERE organization_id = ?1 AND content_hash = ?2 "
+            "RETURNING id, created_at, updated_at"
+        )
+        if not superseded:
+            rows, history = await self.sql.rows(touch, [digest, now]), []
+        else:  # one round trip for both lookups
+            touched, found = await self.sql.batch([self.sql.stmt(touch, digest, now), self.sql.stmt(
+                "SELECT h.thought_id, h.action FROM thought_history h JOIN documents d ON d.organization_id = ?1 "
+                "AND d.id = h.thought_id WHERE h.organization_id = ?1 AND h.content_hash = ?2 "
+                "ORDER BY h.created_at DESC LIMIT 1",
+                digest,
+            )])
+            rows, history = touched.rows, found.rows
+        if rows:
+            row = rows[0]
+            state = await self._indexing(row["id"])
+            return CaptureResult(
+                id=row["id"], created=False, content_hash=digest, chunks=state.chunks_total, indexing=state,
+                created_at=row["created_at"], updated_at=row["updated_at"],
+                decision=Decision(action="duplicate", related_id=row["id"], reason="identical content", similarity=1.0),
+            )
+        if history:
+            canonical = await self._result_of(history[0]["thought_id"])
+            if canonical is not None:
+                how = "merged into" if history[0]["action"] == "merged" else "replaced by"
+                canonical.decision = Decision(action="duplicate", related_id=canonical.id,
+                                              reason=f"this content was {how} {canonical.id}", similarity=1.0)
+                return canonical
+        return None
 
     async def _indexing(self, doc_id: str) -> IndexingState:
         row = await self.sql.one(
@@ -197,7 +375,14 @@ class Thoughts:
             indexing=IndexingState(
                 state="indexed" if done == len(chunks) else "pending", chunks_total=len(chunks), chunks_indexed=done
             ),
+            links=await links_of(self.sql, doc_id),
+            history=await history_of(self.sql, doc_id, limit=DETAIL_HISTORY),
         )
+
+    @property
+    def history(self) -> "ThoughtHistoryService":
+        """History (merged / replaced originals) of this organization's thoughts: list, restore, purge."""
+        return ThoughtHistoryService(self.sql, self)
 
     async def list_recent(self, *, limit: int = 20, before: int | None = None, before_id: str | None = None) -> ThoughtPage:
         if not 1 <= limit <= 100:

@@ -43,9 +43,11 @@ Handler = Callable[[OrgSql, OrgVectors, Embedder, Job], Awaitable[None]]
 async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
     """Embed every pending chunk of one parent (thought or conversation) and index it."""
     while True:
-        rows = await sql.rows(
-            "SELECT id, kind, parent_id, ordinal, content, start_sequence, end_sequence FROM chunks "
-            "WHERE organization_id = ?1 AND parent_id = ?2 AND indexed_at IS NULL ORDER BY ordinal LIMIT ?3",
+        rows = await sql.rows(  # with the parent thought's tags, for the vector metadata
+            "SELECT c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, d.tags AS tags "
+            "FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' AND d.organization_id = c.organization_id "
+            "AND d.id = c.parent_id "
+            "WHERE c.organization_id = ?1 AND c.parent_id = ?2 AND c.indexed_at IS NULL ORDER BY c.ordinal LIMIT ?3",
             [job.target_id, EMBED_BATCH],
         )
         if not rows:
@@ -69,8 +71,25 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
                 )
             }
             await vectors.delete_by_ids([i for i in ids if i not in alive])
+        elif any(r["kind"] == "thought" and not r["tags"] for r in rows):
+            await _late_tags(sql, vectors, rows, values)
         if len(rows) < EMBED_BATCH:
             return
+
+
+async def _late_tags(sql: OrgSql, vectors: OrgVectors, rows: list[dict], values) -> None:
+    """The thought had no tags when we read its chunks: if its enrichment landed meanwhile (and so saw these
+    chunks unindexed), write the vectors again with the tags (the values are in hand)."""
+    doc = await sql.one("SELECT tags FROM documents WHERE organization_id = ?1 AND id = ?2", [rows[0]["parent_id"]])
+    if doc and doc["tags"]:
+        await vectors.upsert([(r["id"], values[i], chunk_metadata({**r, "tags": doc["tags"]})) for i, r in enumerate(rows)])
+
+
+async def enrich_without_llm(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
+    """The default ``enrich`` handler: the deterministic enrichment (the wiring installs the model-backed one)."""
+    from services.enrichment import Enricher  # it imports this module
+
+    await Enricher(sql, vectors, None).enrich(job.target_id)
 
 
 def chunk_metadata(row: dict) -> dict:
@@ -79,6 +98,8 @@ def chunk_metadata(row: dict) -> dict:
     if row.get("start_sequence") is not None:
         md["start_sequence"] = row["start_sequence"]
         md["end_sequence"] = row["end_sequence"]
+    if row.get("tags"):  # the parent thought's tags (JSON text from the documents row), for filtering
+        md["tags"] = json.loads(row["tags"]) if isinstance(row["tags"], str) else list(row["tags"])
     return md
 
 
@@ -129,7 +150,7 @@ class JobWorker:
         self.db = db
         self.index = index
         self.embedder = embedder
-        self.handlers: dict[str, Handler] = {"embed": embed_parent, **(handlers or {})}
+        self.handlers: dict[str, Handler] = {"embed": embed_parent, "enrich": enrich_without_llm, **(handlers or {})}
         self.poll_seconds = poll_seconds
         self.batch = batch
         self._wake = asyncio.Event()

@@ -433,8 +433,10 @@ async def reindex(
     mutation: str | None = None
     while True:
         rows = await sql.rows(
-            "SELECT pk, id, kind, parent_id, ordinal, content, start_sequence, end_sequence FROM chunks "
-            "WHERE organization_id = ?1 AND pk > ?2 ORDER BY pk LIMIT ?3",
+            "SELECT c.pk, c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, "
+            "d.tags AS tags FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' "
+            "AND d.organization_id = c.organization_id AND d.id = c.parent_id "
+            "WHERE c.organization_id = ?1 AND c.pk > ?2 ORDER BY c.pk LIMIT ?3",
             [last_pk, page_size],
         )
         if not rows:

@@ -238,8 +238,10 @@ class WorkersAIChat:
         max_tokens: int | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        with_usage: bool = False,
     ) -> Any:
-        """Ask for JSON matching ``schema`` (a JSON Schema; None = any JSON object) and return it parsed."""
+        """Ask for JSON matching ``schema`` (a JSON Schema; None = any JSON object) and return it parsed
+        (with ``with_usage``: ``(parsed, usage)``, usage being the model's ``{"prompt_tokens", ...}`` or {})."""
         body: dict[str, Any] = {
             "messages": self._messages(messages, system),
             "max_tokens": max_tokens or self.max_tokens,
@@ -269,6 +271,9 @@ class WorkersAIChat:
                     raise BackendError("Workers AI chat did not return JSON", details={"response": response[:200]})
             if response is None:
                 raise BackendError("Workers AI chat returned no response")
+            if with_usage:
+                usage = res.get("usage") if isinstance(res.get("usage"), dict) else {}
+                return response, usage
             return response
 
     async def complete(
