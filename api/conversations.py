@@ -210,7 +210,7 @@ CONVERSATION_TOOLS: list[McpTool] = [
         "has the original messages of a window and best_sequence, the message that best matches the query.",
         _obj({"query": {"type": "string", "minLength": 1, "maxLength": 4000},
               "conversation_id": _CID,
-              "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
+              "top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
               "include_thoughts": {"type": "boolean", "default": False}}, ["query"]),
         output_schema(SearchResult), _search,
     ),

@@ -72,7 +72,7 @@ class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
 
 class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
-    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] = 10
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10  # services.search.MAX_TOP_K
     tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(default_factory=list)
     kinds: Annotated[list[Kind], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
     conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None

@@ -134,7 +134,7 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(live, org, client):
     assert_error(client.post("/v1/thoughts", json={"content": big}, headers=h), 413, "payload_too_large")
     assert_error(client.post("/v1/thoughts", json={"content": "ok", "metadata": {"blob": "b" * 20000}}, headers=h), 413)
     assert_error(client.post("/v1/search", json={"query": ""}, headers=h), 400)
-    assert_error(client.post("/v1/search", json={"query": "x", "top_k": 51}, headers=h), 400)
+    assert_error(client.post("/v1/search", json={"query": "x", "top_k": 101}, headers=h), 400)
     assert_error(client.post("/v1/search", json={"query": "x", "kinds": ["nope"]}, headers=h), 400)
     assert_error(client.get("/v1/thoughts", params={"limit": 0}, headers=h), 400)
     assert_error(client.get("/v1/thoughts", params={"limit": "many"}, headers=h), 400)
