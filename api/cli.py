@@ -233,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # four INFO lines per stateless MCP request otherwise
     args = build_parser().parse_args(argv)
     from services.errors import MemexError
 
