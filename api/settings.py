@@ -97,6 +97,9 @@ class Settings:
     #: Write-time decisions on capture (duplicate / contradiction / replace / merge bands); off: every new
     #: content is simply created (no embedding or vector query on the capture path).
     decisions: bool = True
+    #: MEMEX_DECISIONS=full: embed every capture for its decision. The default (on) skips the model run on the
+    #: request path when no language model is configured and no thought shares enough words to be >= 0.85 close.
+    decisions_full: bool = False
     #: Ranking half-lives in days (recency = 0.5 ** (age / half-life)) for task-like, work and context thoughts.
     rank_task_half_life_days: float = 7.0
     rank_work_half_life_days: float = 90.0
@@ -160,6 +163,7 @@ class Settings:
             llm_tokens_per_day=_int("MEMEX_LLM_TOKENS_PER_DAY", 200_000),
             enrich_vocabulary_size=_int("MEMEX_ENRICH_VOCABULARY_SIZE", 30),
             decisions=_env("MEMEX_DECISIONS", "on").lower() not in ("off", "0", "false", "no"),
+            decisions_full=_env("MEMEX_DECISIONS", "on").lower() == "full",
             rank_task_half_life_days=float(_env("MEMEX_RANK_TASK_HALF_LIFE_DAYS", "7")),
             rank_work_half_life_days=float(_env("MEMEX_RANK_WORK_HALF_LIFE_DAYS", "90")),
             rank_context_half_life_days=float(_env("MEMEX_RANK_CONTEXT_HALF_LIFE_DAYS", "180")),

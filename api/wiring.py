@@ -232,7 +232,7 @@ class Memex:
         if not self.settings.decisions:
             return None
         return Decisions(sql, vectors, self.backend.embedder, llm=self.budgeted_llm(sql), recent=self.recent_vectors,
-                         max_content_bytes=self.settings.max_content_bytes)
+                         max_content_bytes=self.settings.max_content_bytes, lexical_gate=not self.settings.decisions_full)
 
     def for_org(self, ctx: AuthContext) -> OrgServices:
         sql = OrgSql(self.backend.db, ctx.org_id)
@@ -242,7 +242,7 @@ class Memex:
             ctx=ctx,
             thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=self.worker.wake,
                               decisions=self.decisions(sql, vectors)),
-            search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking),
+            search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker),
             keys=self.keys.for_org(ctx.org_id),
             bindings=OrgBindings(sql),
             conversations=Conversations(sql, vectors, emb, locks=self.conversation_locks,

@@ -103,6 +103,23 @@ CONTRADICTION_SCHEMA: dict[str, Any] = {
 }
 
 
+#: The lexical gate (used without a language model): probe with this many of the new text's longest words,
+#: look at this many keyword candidates, and embed only when one holds this share of the new text's words.
+GATE_TERMS = 8
+GATE_CANDIDATES = 5
+GATE_CONTAINMENT = 0.5
+_GATE_WORD = re.compile(r"[^\W_]{3,}", re.UNICODE)
+_GATE_STOP = frozenset(
+    "the and for are but not you all any can had her was one our out has him his how its may new now old see "
+    "two who did get let put say she too use that with have this will your from they been were said each which "
+    "their there what when where would about could other than then them these some into more also only".split()
+)
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in (m.lower() for m in _GATE_WORD.findall(text)) if w not in _GATE_STOP}
+
+
 @dataclass(slots=True)
 class Similar:
     """An existing thought close to the new one."""
@@ -210,7 +227,9 @@ class Decisions:
         llm: LLM | None = None,
         recent: RecentVectors | None = None,
         max_content_bytes: int = 256 * 1024,
+        lexical_gate: bool = False,
     ) -> None:
+        self.lexical_gate = lexical_gate
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
@@ -253,7 +272,26 @@ class Decisions:
             if p in found
         ]
 
+    async def plausible(self, first_chunk: str) -> bool:
+        """Without a language model only similarity >= 0.85 changes the outcome, and texts that close share
+        most of their words. One keyword lookup (the new text's rarest-looking words) finds any thought that
+        could be that close; when none shares GATE_CONTAINMENT of the words, the capture skips the model run
+        on the request path (the worker embeds it as usual)."""
+        words = _words(first_chunk)
+        if not words:
+            return False
+        probe = sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
+        rows = await self.sql.rows(
+            "SELECT c.content FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
+            "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+            "AND c.kind = 'thought' ORDER BY rank LIMIT ?3",
+            [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES],
+        )
+        return any(len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words) for r in rows)
+
     async def decide(self, content: str, first_chunk: str, *, multi_chunk: bool) -> Plan:
+        if self.lexical_gate and self.llm is None and not await self.plausible(first_chunk):
+            return Plan("created")
         vector = await self.embed(first_chunk)
         plan = await self._decide(content, vector, multi_chunk=multi_chunk)
         plan.vector = vector

@@ -450,3 +450,40 @@ async def test_a_failed_move_to_history_keeps_everything(env, action):
     assert res.created and res.decision.action == "kept_both" and "failed" in res.decision.reason
     assert (await t.get(old)).content == OLD
     assert NEW in await env.docs() and OLD in await env.docs()
+
+
+async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp_path):
+    """Without a language model only >= 0.85 similarity changes the outcome; the gate embeds a capture only
+    when an existing thought shares enough of its words, and still blocks near-duplicates."""
+    from services.adapters.hash_embedder import HashEmbedder
+    from services.adapters.local_vectors import LocalVectorIndex
+    from services.adapters.sqlite import SqliteDatabase
+    from services.decisions import Decisions
+    from services.migrate import apply_pending
+    from services.scoped import OrgSql, OrgVectors
+    from services.thoughts import Thoughts
+    from services.worker import JobWorker
+
+    class CountingEmbedder(HashEmbedder):
+        calls = 0
+
+        async def embed(self, texts):
+            CountingEmbedder.calls += 1
+            return await super().embed(texts)
+
+    db = SqliteDatabase(tmp_path / "g.sqlite3")
+    await apply_pending(db)
+    await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_g', 'g', 'G', 'active', 1)")
+    emb = CountingEmbedder()
+    index = LocalVectorIndex(None, dimensions=emb.dimensions, model=emb.model_id)
+    sql, vec = OrgSql(db, "org_g"), OrgVectors(index, "org_g")
+    t = Thoughts(sql, vec, emb, decisions=Decisions(sql, vec, emb, lexical_gate=True))
+    first = await t.capture("The quarterly planning offsite moves to the Lisbon office in March.")
+    await JobWorker(db, index, emb).drain()
+    before = CountingEmbedder.calls
+    novel = await t.capture("Sourdough starters need feeding twice daily with rye flour.")
+    assert novel.decision.action == "created" and CountingEmbedder.calls == before  # no model run on the request path
+    near = await t.capture("The quarterly planning offsite moves to the Lisbon office in March!")
+    assert CountingEmbedder.calls > before
+    assert near.decision.action in ("duplicate", "flagged") and near.decision.related_id == first.id
+    await db.close()
