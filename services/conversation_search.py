@@ -31,6 +31,7 @@ from services.conversations import message_from_row
 from services.errors import NotFound
 from services.models import SearchHit
 from services.scoped import OrgSql
+from services.search import explain_candidate
 
 __all__ = ["ConversationHydrator", "score_messages", "terms"]
 
@@ -216,17 +217,7 @@ class ConversationHydrator:
                     end_sequence=hi,
                     best_sequence=best,
                     messages=msgs,
-                    explain=_explain(c) if opts.explain else None,
+                    explain=explain_candidate(c) if opts.explain else None,
                 )
             )
         return hits
-
-
-def _explain(c: Any) -> dict[str, Any]:
-    return {
-        "keyword_rank": c.keyword_rank,
-        "vector_rank": c.vector_rank,
-        "vector_score": c.vector_score,
-        "fusion": "rrf",
-        "score": round(c.fused, 6),
-    }

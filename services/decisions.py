@@ -230,6 +230,7 @@ class Decisions:
         lexical_gate: bool = False,
     ) -> None:
         self.lexical_gate = lexical_gate
+        self._pending: list[tuple[str, str]] = []
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
@@ -252,6 +253,11 @@ class Decisions:
             parent = md.get("parent_id")
             if md.get("kind") == "thought" and parent and m.score > best.get(parent, -1.0):
                 best[parent] = float(m.score)
+        missing = [(p, text) for p, text in self._pending if p not in best]
+        if missing:  # found by the lexical gate but not yet in the index: one small embedding call
+            values = await self.embedder.embed([text for _, text in missing])
+            for (parent, _), v in zip(missing, values):
+                best[parent] = max(best.get(parent, -1.0), float(np.dot(vector, v)))
         if self.recent is not None:
             for parent, score in self.recent.similar(self.sql.org_id, vector):
                 if score > best.get(parent, -1.0):
@@ -282,12 +288,16 @@ class Decisions:
             return False
         probe = sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
         rows = await self.sql.rows(
-            "SELECT c.content FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
+            "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
+            "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
             "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
             "AND c.kind = 'thought' ORDER BY rank LIMIT ?3",
             [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES],
         )
-        return any(len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words) for r in rows)
+        close = [r for r in rows if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
+        # Close thoughts whose vectors are not searchable yet (captured moments ago) are compared directly.
+        self._pending = [(r["parent_id"], r["content"]) for r in close if r["pending"]]
+        return bool(close)
 
     async def decide(self, content: str, first_chunk: str, *, multi_chunk: bool) -> Plan:
         if self.lexical_gate and self.llm is None and not await self.plausible(first_chunk):

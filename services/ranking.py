@@ -3,7 +3,7 @@
 Applied by ``services.search.Search`` on the hydrated hits, after fusion and the per-parent de-duplication
 (over-fetched by 3), after the optional reranker, before the top-k cut:
 
-* relevance: the fused score (reciprocal-rank fusion), or the reranker's score when a reranker ran.
+* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search), or the reranker's score when a reranker ran.
 * recency: ``exp(-ln 2 * age / half_life)`` = ``0.5 ** (age / half_life)``. The seed writes
   ``exp(-age / halfLife)``, which halves at ``ln 2 * halfLife`` (0.69 x the stated half-life) and is at 0.37
   after one "half-life"; we use the ln 2 scaling so a half-life means what it says: 0.5 after 7 days for a

@@ -40,10 +40,13 @@ def _script(server: Live, *answers):
     return llm
 
 
+_AXES: dict[str, int] = {}
+
+
 def _pair(server: Live, tag: str, cos: float) -> tuple[str, str]:
     """Two texts whose embeddings are at cosine ``cos`` (on a fresh pair of axes)."""
     emb: ScriptedEmbedder = server.memex.backend.embedder
-    i = 2 * (abs(hash(tag)) % 150)
+    i = _AXES.setdefault(tag, 2 * len(_AXES))  # a fresh pair of axes per tag: no two pairs can interfere
     return emb.set(f"{OLD} ({tag})", basis(i)), emb.set(f"{NEW} ({tag})", near(i, i + 1, cos))
 
 
