@@ -145,7 +145,7 @@ def test_other_orgs_history_ids_are_404_and_nothing_changes(scripted):
         assert_error(c.delete(f"/v1/thoughts/{mine}/history/{entry}", headers=b.headers), 404)
         # B's near-identical capture is never decided against A's thought
         emb: ScriptedEmbedder = scripted.memex.backend.embedder
-        probe = emb.set("B writes about the review too.", near(2 * (abs(hash("tenancy")) % 150) + 1, 299, 0.999))
+        probe = emb.set("B writes about the review too.", near(_AXES["tenancy"] + 1, 299, 0.999))
         llm = _script(scripted)
         r = c.post("/v1/thoughts", json={"content": probe}, headers=b.headers)
         assert r.status_code == 201 and r.json()["decision"] == {"action": "created"} and llm.calls == []
