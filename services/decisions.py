@@ -230,7 +230,6 @@ class Decisions:
         lexical_gate: bool = False,
     ) -> None:
         self.lexical_gate = lexical_gate
-        self._pending: list[tuple[str, str]] = []
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
@@ -241,7 +240,7 @@ class Decisions:
     async def embed(self, text: str) -> np.ndarray:
         return (await self.embedder.embed([text]))[0]
 
-    async def candidates(self, vector: np.ndarray) -> list[Similar]:
+    async def candidates(self, vector: np.ndarray, pending: list[tuple[str, str]] = ()) -> list[Similar]:
         """The organization's thoughts nearest to ``vector`` (>= 0.45, best first, at most 5), each checked to
         still exist in SQL (the index can hold a vector of a thought deleted moments ago)."""
         best: dict[str, float] = {}
@@ -253,7 +252,7 @@ class Decisions:
             parent = md.get("parent_id")
             if md.get("kind") == "thought" and parent and m.score > best.get(parent, -1.0):
                 best[parent] = float(m.score)
-        missing = [(p, text) for p, text in self._pending if p not in best]
+        missing = [(p, text) for p, text in pending if p not in best]
         if missing:  # found by the lexical gate but not yet in the index: one small embedding call
             values = await self.embedder.embed([text for _, text in missing])
             for (parent, _), v in zip(missing, values):
@@ -278,14 +277,15 @@ class Decisions:
             if p in found
         ]
 
-    async def plausible(self, first_chunk: str) -> bool:
+    async def plausible(self, first_chunk: str) -> list[tuple[str, str, bool]]:
         """Without a language model only similarity >= 0.85 changes the outcome, and texts that close share
         most of their words. One keyword lookup (the new text's rarest-looking words) finds any thought that
         could be that close; when none shares GATE_CONTAINMENT of the words, the capture skips the model run
-        on the request path (the worker embeds it as usual)."""
+        on the request path (the worker embeds it as usual). Returns the close thoughts as (id, chunk text,
+        whether its vector is not searchable yet)."""
         words = _words(first_chunk)
         if not words:
-            return False
+            return []
         probe = sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
         rows = await self.sql.rows(
             "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
@@ -294,21 +294,29 @@ class Decisions:
             "AND c.kind = 'thought' ORDER BY rank LIMIT ?3",
             [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES],
         )
-        close = [r for r in rows if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
-        # Close thoughts whose vectors are not searchable yet (captured moments ago) are compared directly.
-        self._pending = [(r["parent_id"], r["content"]) for r in close if r["pending"]]
-        return bool(close)
+        return [
+            (r["parent_id"], r["content"], bool(r["pending"]))
+            for r in rows
+            if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)
+        ]
 
     async def decide(self, content: str, first_chunk: str, *, multi_chunk: bool) -> Plan:
-        if self.lexical_gate and self.llm is None and not await self.plausible(first_chunk):
-            return Plan("created")
+        pending: list[tuple[str, str]] = []
+        if self.lexical_gate and self.llm is None:
+            close = await self.plausible(first_chunk)
+            if not close:
+                return Plan("created")
+            # close thoughts captured moments ago (vectors not searchable yet) are compared directly
+            pending = [(pid, text) for pid, text, not_searchable in close if not_searchable]
         vector = await self.embed(first_chunk)
-        plan = await self._decide(content, vector, multi_chunk=multi_chunk)
+        plan = await self._decide(content, vector, multi_chunk=multi_chunk, pending=pending)
         plan.vector = vector
         return plan
 
-    async def _decide(self, content: str, vector: np.ndarray, *, multi_chunk: bool) -> Plan:
-        cands = await self.candidates(vector)
+    async def _decide(
+        self, content: str, vector: np.ndarray, *, multi_chunk: bool, pending: list[tuple[str, str]] = ()
+    ) -> Plan:
+        cands = await self.candidates(vector, pending)
         if not cands:
             return Plan("created")
         top = cands[0]
