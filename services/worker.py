@@ -145,6 +145,7 @@ class JobWorker:
         *,
         handlers: dict[str, Handler] | None = None,
         poll_seconds: float = 1.0,
+        max_idle_seconds: float = 30.0,
         batch: int = 16,
     ) -> None:
         self.db = db
@@ -159,6 +160,10 @@ class JobWorker:
         self.processed = 0
         self.failed = 0
         self._last_confirm = 0.0
+        self.max_idle_seconds = max_idle_seconds
+        #: Vectorize-like indexes apply writes later; only they need confirmation.
+        self._async_index = hasattr(index, "searchable")
+        self._unconfirmed = self._async_index
 
     def wake(self) -> None:
         self._wake.set()
@@ -179,21 +184,34 @@ class JobWorker:
             self._task = None
 
     async def _loop(self) -> None:
+        # Idle, the worker polls less and less often (up to max_idle_seconds): on D1 every poll is an API
+        # request against the account's budget. Captures in this process wake it at once; the polls are for
+        # jobs left by other instances (expired leases, retries). Mutation confirmation runs only while this
+        # process has written vectors that are not yet confirmed (and once at start, for a previous run's).
+        wait = self.poll_seconds
         while not self._stopping:
             try:
                 did = await self.run_once()
-                if time.monotonic() - self._last_confirm >= 1.0:
+                if did and self._async_index:
+                    self._unconfirmed = True
+                if self._unconfirmed and time.monotonic() - self._last_confirm >= 1.0:
                     self._last_confirm = time.monotonic()
                     await self.confirm_mutations()
             except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
                 log.exception("job batch failed")
                 did = 0
-            if did == 0 and not self._stopping:
+            if did:
+                wait = self.poll_seconds
+            elif not self._stopping:
+                timeout = min(wait, 1.0) if self._unconfirmed else wait
+                woken = False
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                    woken = True
                 except asyncio.TimeoutError:
                     pass
                 self._wake.clear()
+                wait = self.poll_seconds if woken else min(self.max_idle_seconds, wait * 2)
 
     async def claim(self) -> list[Job]:
         now = now_ms()
@@ -255,7 +273,11 @@ class JobWorker:
                     "UPDATE chunks SET vector_mutation = NULL WHERE vector_mutation IN (SELECT value FROM json_each(?))",
                     (json.dumps(done),),
                 )
+                if i == len(rows) - 1:
+                    self._unconfirmed = False  # every mutation this table knows of is applied
                 return res.changes
+        if not rows:
+            self._unconfirmed = False
         return 0
 
     async def drain(self, timeout: float = 60.0) -> None:
