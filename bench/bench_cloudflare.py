@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import NoteGenerator, free_port, log, ms, queries, signup  # noqa: E402
+from bench_foundation import (  # noqa: E402
+    NoteGenerator, free_port, log, ms, queries, serve_subprocess, signup, stop, wait_healthy,
+)
 
 ACCOUNT, TOKEN = "bench-account", "bench-token"
 DB, INDEX = "memex-bench-db", "memex-bench-index"
@@ -50,31 +50,6 @@ MODEL, DIMS = "@cf/baai/bge-base-en-v1.5:mean", 768  # the id the service record
 
 
 # -- processes --------------------------------------------------------------------------------------------
-
-def _wait_http(url: str, proc: subprocess.Popen, logpath: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[2]} exited ({proc.returncode}): {logpath.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not healthy in {timeout} s")
-        time.sleep(0.05)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 @contextmanager
 def emulator(tmp: Path, vector_lag_ms: int):
@@ -87,10 +62,10 @@ def emulator(tmp: Path, vector_lag_ms: int):
             cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
         try:
             root = f"http://127.0.0.1:{port}"
-            _wait_http(f"{root}/__emulator/health", proc, logpath)
+            wait_healthy(f"{root}/__emulator/health", proc, logpath, timeout=120)
             yield root
         finally:
-            _stop(proc)
+            stop(proc)
 
 
 def provision(root: str) -> None:
@@ -111,31 +86,17 @@ def provision(root: str) -> None:
 def memex_service(tmp: Path, emu_root: str, name: str, extra_env: dict | None = None):
     data_dir = tmp / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = dict(os.environ)
-    for k in ("MEMEX_DATA_DIR", "MEMEX_ACCESS_TEAM_DOMAIN", "MEMEX_ACCESS_AUD", "MEMEX_PUBLIC_URL", "MEMEX_DECISIONS"):
-        env.pop(k, None)
-    env.update({
+    env = {
         "MEMEX_SQL": "d1", "MEMEX_VECTORS": "vectorize", "MEMEX_EMBEDDER": "workers-ai",
         "CLOUDFLARE_ACCOUNT_ID": ACCOUNT, "CLOUDFLARE_API_TOKEN": TOKEN,
         "CLOUDFLARE_D1_DATABASE_ID": DB, "CLOUDFLARE_VECTORIZE_INDEX": INDEX,
         "CLOUDFLARE_API_BASE_URL": f"{emu_root}/client/v4", "MEMEX_CLOUDFLARE_BUDGET": "100000000",
-        "MEMEX_KEY_RATE_PER_MINUTE": "100000000", "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
-        "MEMEX_AUTH_FAILURES_PER_MINUTE": "100000", "PYTHONUNBUFFERED": "1",
-    })
-    env.update(extra_env or {})
-    logpath = data_dir / "server.log"
-    with open(logpath, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                                 "--data-dir", str(data_dir), "--log-level", "warning"],
-                                cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            _wait_http(f"{base}/health", proc, logpath, timeout=180)
-            log(f"service {name} pid {proc.pid} on {base}")
-            yield base
-        finally:
-            _stop(proc)
+        "MEMEX_DECISIONS": "on",  # the default, whatever the caller's environment says
+        **(extra_env or {}),
+    }
+    with serve_subprocess(data_dir, env, log_name="server.log") as (base, proc, _ready, _cmd):
+        log(f"service {name} pid {proc.pid} on {base}")
+        yield base
 
 
 # -- counting ---------------------------------------------------------------------------------------------

@@ -411,6 +411,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Environment for a service under benchmark: one client hammering one key, so the per-process limits are
+#: lifted; settings that would point it elsewhere are cleared.
+BENCH_ENV = {
+    "MEMEX_KEY_RATE_PER_MINUTE": "100000000",
+    "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
+    "MEMEX_AUTH_FAILURES_PER_MINUTE": "100000",
+    "PYTHONUNBUFFERED": "1",
+}
+CLEARED_ENV = ("MEMEX_DATA_DIR", "MEMEX_ACCESS_TEAM_DOMAIN", "MEMEX_ACCESS_AUD", "MEMEX_PUBLIC_URL")
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, logpath: Path, timeout: float = 180) -> None:
+    """Poll ``url`` until it answers 200; fail early (with the log's tail) if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[2]} exited ({proc.returncode}): {logpath.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not healthy in {timeout} s")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGINT (a clean shutdown: the worker stops, files close), then kill if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def serve_subprocess(data_dir: Path, env: dict[str, str], *, log_name: str = "bench-server.log", log_mode: str = "w"):
+    """Start ``python -m api.cli serve`` on a free loopback port with BENCH_ENV plus ``env``; yield
+    (base_url, proc, seconds until healthy, command); stop it on exit."""
+    port = free_port()
+    full_env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    full_env.update(BENCH_ENV)
+    full_env.update(env)
+    logpath = data_dir / log_name
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--data-dir", str(data_dir), "--log-level", "warning"]
+    with open(logpath, log_mode) as logfile:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=logfile, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_healthy(f"{base}/health", proc, logpath)
+            yield base, proc, time.perf_counter() - t0, " ".join(cmd)
+        finally:
+            stop(proc)
+
+
 @contextmanager
 def service(args):
     """Yield (base_url, info): the service started in a subprocess, or the one at --url."""
@@ -424,54 +484,13 @@ def service(args):
     else:
         tmp = tempfile.TemporaryDirectory(prefix="memex-bench-")
         data_dir = Path(tmp.name)
-    port = free_port()
-    env = dict(os.environ)
-    env.update({
-        "MEMEX_EMBEDDER": args.embedder,
-        "MEMEX_SQL": "sqlite",
-        "MEMEX_VECTORS": "local",
-        # The bench is one client hammering one key: lift the per-process limits out of the way.
-        "MEMEX_KEY_RATE_PER_MINUTE": "100000000",
-        "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
-        "MEMEX_AUTH_FAILURES_PER_MINUTE": "100000",
-        "PYTHONUNBUFFERED": "1",
-    })
-    for k in ("MEMEX_DATA_DIR", "MEMEX_ACCESS_TEAM_DOMAIN", "MEMEX_ACCESS_AUD", "MEMEX_PUBLIC_URL"):
-        env.pop(k, None)
-    logfile = open(data_dir / "bench-server.log", "w")
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--data-dir", str(data_dir), "--log-level", "warning"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logfile, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    env = {"MEMEX_EMBEDDER": args.embedder, "MEMEX_SQL": "sqlite", "MEMEX_VECTORS": "local"}
     try:
-        deadline = time.monotonic() + 180
-        with httpx.Client(base_url=base, timeout=5) as c:
-            while True:
-                if proc.poll() is not None:
-                    logfile.flush()
-                    raise RuntimeError(f"server exited ({proc.returncode}): {(data_dir / 'bench-server.log').read_text()[-3000:]}")
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError("server did not become healthy in 180 s")
-                time.sleep(0.05)
-        ready = time.perf_counter() - t0
-        log(f"server pid {proc.pid} on {base} ready in {ready:.1f} s (data {data_dir})")
-        yield base, {"started_by_bench": True, "pid": proc.pid, "ready_s": round(ready, 2), "data_dir": str(data_dir),
-                     "command": " ".join(cmd)}
+        with serve_subprocess(data_dir, env) as (base, proc, ready, cmd):
+            log(f"server pid {proc.pid} on {base} ready in {ready:.1f} s (data {data_dir})")
+            yield base, {"started_by_bench": True, "pid": proc.pid, "ready_s": round(ready, 2),
+                         "data_dir": str(data_dir), "command": cmd}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        logfile.close()
         if tmp is not None and not args.keep:
             tmp.cleanup()
 

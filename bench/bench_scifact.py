@@ -38,12 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import secrets
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,6 +51,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_foundation import serve_subprocess  # noqa: E402
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
 STATE_FILE = "bench_scifact.json"
 REFERENCE = {"BM25": 66.5, "all-MiniLM-L6-v2": 64.5, "bge-small-en-v1.5": 71.3, "bge-base-en-v1.5": 74.3,
@@ -132,12 +131,6 @@ def evaluate(run: dict[str, list[str]], qrels: dict[str, dict[str, int]], depth:
 
 # -- the service under test ------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def service(args):
     """Yield (base_url, data_dir or None, info): a server started here, or the one at --url."""
@@ -151,55 +144,20 @@ def service(args):
     else:
         tmp = tempfile.TemporaryDirectory(prefix="memex-scifact-")
         data_dir = Path(tmp.name)
-    port = free_port()
-    env = dict(os.environ)
-    env.update({
+    env = {
         "MEMEX_SQL": "sqlite",
         "MEMEX_VECTORS": "local",
         "MEMEX_EMBEDDER": "local",
-        # One client loading 5k documents through one key: lift the per-process limits out of the way.
-        "MEMEX_KEY_RATE_PER_MINUTE": "100000000",
-        "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
         # The ranking stage counts every thought a search returns in its top 10 as recalled (frequency
         # multiplier 1 + log1p(count)): over 300 queries that would make each query's results depend on the
         # ones before it. Off, unless --recall-counts.
         "MEMEX_RANK_RECALL_TOP": "10" if args.recall_counts else "0",
-        "PYTHONUNBUFFERED": "1",
-    })
-    for k in ("MEMEX_DATA_DIR", "MEMEX_ACCESS_TEAM_DOMAIN", "MEMEX_ACCESS_AUD", "MEMEX_PUBLIC_URL"):
-        env.pop(k, None)
-    logfile = open(data_dir / "bench-server.log", "a")
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--data-dir", str(data_dir), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logfile, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    }
     try:
-        deadline = time.monotonic() + 180
-        with httpx.Client(base_url=base, timeout=5) as c:
-            while True:
-                if proc.poll() is not None:
-                    logfile.flush()
-                    raise RuntimeError(f"server exited ({proc.returncode}): "
-                                       f"{(data_dir / 'bench-server.log').read_text()[-3000:]}")
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError("server did not become healthy in 180 s")
-                time.sleep(0.1)
-        log(f"server pid {proc.pid} on {base} (data {data_dir})")
-        yield base, data_dir, {"started_by_bench": True, "pid": proc.pid, "data_dir": str(data_dir)}
+        with serve_subprocess(data_dir, env, log_mode="a") as (base, proc, _ready, _cmd):
+            log(f"server pid {proc.pid} on {base} (data {data_dir})")
+            yield base, data_dir, {"started_by_bench": True, "pid": proc.pid, "data_dir": str(data_dir)}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        logfile.close()
         if tmp is not None:
             tmp.cleanup()
 
