@@ -111,10 +111,12 @@ def _trim(s: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def _paragraph_spans(s: str, start: int, end: int) -> list[tuple[int, int]]:
+def _split_spans(s: str, start: int, end: int, separator: re.Pattern[str], keep_separator: bool) -> list[tuple[int, int]]:
+    """Trimmed, non-empty spans of ``s[start:end]`` between matches of ``separator`` (which ends the span
+    before it when ``keep_separator``, as a sentence keeps its full stop)."""
     spans: list[tuple[int, int]] = []
-    for match in _PARAGRAPH_BREAK.finditer(s, start, end):
-        a, b = _trim(s, start, match.start())
+    for match in separator.finditer(s, start, end):
+        a, b = _trim(s, start, match.end() if keep_separator else match.start())
         if a < b:
             spans.append((a, b))
         start = match.end()
@@ -122,19 +124,14 @@ def _paragraph_spans(s: str, start: int, end: int) -> list[tuple[int, int]]:
     if a < b:
         spans.append((a, b))
     return spans
+
+
+def _paragraph_spans(s: str, start: int, end: int) -> list[tuple[int, int]]:
+    return _split_spans(s, start, end, _PARAGRAPH_BREAK, keep_separator=False)
 
 
 def _sentence_spans(s: str, start: int, end: int) -> list[tuple[int, int]]:
-    spans: list[tuple[int, int]] = []
-    for match in _SENTENCE_END.finditer(s, start, end):
-        a, b = _trim(s, start, match.end())
-        if a < b:
-            spans.append((a, b))
-        start = match.end()
-    a, b = _trim(s, start, end)
-    if a < b:
-        spans.append((a, b))
-    return spans
+    return _split_spans(s, start, end, _SENTENCE_END, keep_separator=True)
 
 
 def _pieces(
