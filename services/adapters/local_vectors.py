@@ -34,12 +34,14 @@ import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
 from services.ports import Vector, VectorIndexInfo, VectorMatch
+
+T = TypeVar("T")
 
 __all__ = ["LocalVectorIndex", "compile_filter"]
 
@@ -551,6 +553,21 @@ class LocalVectorIndex:
         self._db.execute("UPDATE meta SET value = ? WHERE key = 'mutation'", (str(self._mutation),))
         return str(self._mutation)
 
+    def _mutate(self, write: Callable[[sqlite3.Connection], T]) -> tuple[T, str]:
+        """Run ``write`` and advance the mutation counter in one transaction (the caller holds _write_lock);
+        on failure both roll back. Returns what ``write`` returned and the new mutation id."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = write(db)
+            mid = self._next_mutation()
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
+            raise
+        return result, mid
+
     def _namespaces_of(self, ids: Sequence[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         for chunk in _chunks(ids):
@@ -588,9 +605,8 @@ class LocalVectorIndex:
         blobs = [unit[i].astype("<f4").tobytes() for i in range(len(vectors))]
         with self._write_lock:
             self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
+
+            def write(db: sqlite3.Connection) -> dict[str, str]:
                 old = self._namespaces_of(ids)
                 db.executemany(
                     'INSERT INTO vectors (id, namespace, "values", metadata) VALUES (?, ?, ?, ?) '
@@ -598,12 +614,9 @@ class LocalVectorIndex:
                     "metadata = excluded.metadata",
                     [(ids[i], vectors[i].namespace, blobs[i], metas[i]) for i in range(len(vectors))],
                 )
-                mid = self._next_mutation()
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
-                raise
+                return old
+
+            old, mid = self._mutate(write)
             # mirror into the loaded namespaces (unloaded ones read SQLite when first queried)
             touched = {v.namespace for v in vectors} | set(old.values())
             with self._ns_lock:
@@ -623,18 +636,14 @@ class LocalVectorIndex:
         ids = list(dict.fromkeys(i for i in ids if isinstance(i, str)))
         with self._write_lock:
             self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
+
+            def write(db: sqlite3.Connection) -> dict[str, str]:
                 old = self._namespaces_of(ids)
                 for chunk in _chunks(ids):
                     db.execute(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-                mid = self._next_mutation()
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
-                raise
+                return old
+
+            old, mid = self._mutate(write)
             with self._ns_lock:
                 spaces = {ns: self._spaces[ns] for ns in set(old.values()) if ns in self._spaces}
             for vid, ns in old.items():
@@ -647,16 +656,7 @@ class LocalVectorIndex:
     def _delete_namespace_sync(self, namespace: str) -> str:
         with self._write_lock:
             self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute("DELETE FROM vectors WHERE namespace = ?", (namespace,))
-                mid = self._next_mutation()
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
-                raise
+            _, mid = self._mutate(lambda db: db.execute("DELETE FROM vectors WHERE namespace = ?", (namespace,)))
             with self._ns_lock:
                 space = self._spaces.pop(namespace, None)
             if space is not None:
