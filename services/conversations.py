@@ -283,7 +283,8 @@ class Conversations:
 
     async def delete(self, conversation_id: str) -> None:
         """Vectors first, then rows (messages, chunks, keyword rows, jobs, idempotency records by trigger);
-        then the vectors of any chunk that appeared in between. Nothing is left behind."""
+        then the vectors of every chunk deleted, again: the job worker may have upserted some between the
+        first vector delete and the rows' (services.worker.drop_vanished). Nothing is left behind."""
         async with self.locks.hold((self.sql.org_id, conversation_id)):
             await self._row(conversation_id)
             ids = await self._chunk_ids(conversation_id)
@@ -295,9 +296,7 @@ class Conversations:
                 ),
                 self.sql.stmt("DELETE FROM conversations WHERE organization_id = ?1 AND id = ?2", conversation_id),
             ])
-            known = set(ids)
-            late = [r["id"] for r in res[0].rows if r["id"] not in known]
-            await self.vectors.delete_by_ids(late)
+            await self.vectors.delete_by_ids([r["id"] for r in res[0].rows])
             if res[1].changes == 0:
                 raise NotFound("conversation not found", details={"id": conversation_id})
 

@@ -46,7 +46,7 @@ from services.llm_budget import BudgetedLLM, BudgetExceeded
 from services.ports import ChatMessage, Statement
 from services.scoped import OrgSql, OrgVectors
 from services.tagging import SUMMARY_MAX, canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags
-from services.worker import chunk_metadata
+from services.worker import chunk_metadata, drop_vanished
 
 __all__ = [
     "ENRICH_JOB",
@@ -308,6 +308,8 @@ class Enricher:
                 upserts.append((row["id"], v.values, md))
             if upserts:
                 await self.vectors.upsert(upserts)
+                # the thought may have been deleted since its chunks were read: no vector outlives its rows
+                await drop_vanished(self.sql, self.vectors, [u[0] for u in upserts])
             if missing:
                 now = now_ms()
                 parents = sorted({r["parent_id"] for r in missing})

@@ -414,7 +414,9 @@ class Thoughts:
     # -- delete ----------------------------------------------------------------------------------
 
     async def delete(self, doc_id: str) -> None:
-        """Vectors first, then rows: a failure leaves the thought whole (and retryable), never an orphan."""
+        """Vectors first, then rows: a failure leaves the thought whole (and retryable), never an orphan.
+        Then the vectors again: the job worker or the enrichment may have written some between the first
+        vector delete and the rows' (services.worker.drop_vanished)."""
         await self._row(doc_id)
         chunk_ids = [
             r["id"]
@@ -429,3 +431,7 @@ class Thoughts:
                 self.sql.stmt("DELETE FROM documents WHERE organization_id = ?1 AND id = ?2", doc_id),
             ]
         )
+        try:
+            await self.vectors.delete_by_ids(chunk_ids)
+        except Exception:  # the rows are gone: a stray vector is never shown (every read checks SQL)
+            log.warning("could not delete the late vectors of deleted thought %s", doc_id, exc_info=True)

@@ -4,7 +4,8 @@ Jobs are claimed with one UPDATE ... RETURNING (a lease, so several instances ca
 and marked done in the same batch that records their effect. A failed job is retried with exponential
 backoff; a crash mid-job leaves the lease to expire and the job to be claimed again. Embedding jobs embed
 a parent's pending chunks, upsert their vectors, then mark them indexed; a chunk deleted meanwhile has its
-fresh vector deleted again, so no vector outlives its rows.
+fresh vector deleted again, so no vector outlives its rows (see ``drop_vanished`` for the rule every vector
+writer and every deleter follows).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from services.ids import now_ms
 from services.ports import Embedder, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
 
-__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org", "chunk_metadata"]
+__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org", "chunk_metadata", "drop_vanished"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
@@ -63,14 +64,7 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
             [now_ms(), pending, json.dumps(ids)],
         )
         if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
-            alive = {
-                r["id"]
-                for r in await sql.rows(
-                    "SELECT id FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-                    [json.dumps(ids)],
-                )
-            }
-            await vectors.delete_by_ids([i for i in ids if i not in alive])
+            await drop_vanished(sql, vectors, ids)
         elif any(r["kind"] == "thought" and not r["tags"] for r in rows):
             await _late_tags(sql, vectors, rows, values)
         if len(rows) < EMBED_BATCH:
@@ -83,6 +77,30 @@ async def _late_tags(sql: OrgSql, vectors: OrgVectors, rows: list[dict], values)
     doc = await sql.one("SELECT tags FROM documents WHERE organization_id = ?1 AND id = ?2", [rows[0]["parent_id"]])
     if doc and doc["tags"]:
         await vectors.upsert([(r["id"], values[i], chunk_metadata({**r, "tags": doc["tags"]})) for i, r in enumerate(rows)])
+        await drop_vanished(sql, vectors, [r["id"] for r in rows])  # the thought may have been deleted meanwhile
+
+
+async def drop_vanished(sql: OrgSql, vectors: OrgVectors, ids: list[str]) -> int:
+    """After writing vectors of ``ids``: delete the vectors of those whose chunk rows are gone.
+
+    The rule that keeps deleted content out of the index, whatever runs concurrently: a writer upserts
+    first and checks the rows after (this); a deleter deletes the rows first and the vectors after. Index
+    writes apply in the order they are issued, so either the writer's check sees the rows gone and deletes
+    its vectors, or the check ran before the rows were deleted, hence the upsert too, and the deleter's
+    vector delete (issued later) removes them. Returns how many vectors were dropped."""
+    if not ids:
+        return 0
+    alive = {
+        r["id"]
+        for r in await sql.rows(
+            "SELECT id FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+            [json.dumps(list(ids))],
+        )
+    }
+    gone = [i for i in ids if i not in alive]
+    if gone:
+        await vectors.delete_by_ids(gone)
+    return len(gone)
 
 
 async def enrich_without_llm(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
@@ -159,6 +177,7 @@ class JobWorker:
         self._stopping = False
         self.processed = 0
         self.failed = 0
+        self._busy = 0
         self._last_confirm = 0.0
         self.max_idle_seconds = max_idle_seconds
         #: Vectorize-like indexes apply writes later; only they need confirmation.
@@ -228,10 +247,20 @@ class JobWorker:
 
     async def run_once(self) -> int:
         """Claim and run one batch; returns how many jobs it ran."""
-        jobs = await self.claim()
-        for job in jobs:
-            await self._run(job)
-        return len(jobs)
+        self._busy += 1
+        try:
+            jobs = await self.claim()
+            for job in jobs:
+                await self._run(job)
+            return len(jobs)
+        finally:
+            self._busy -= 1
+
+    @property
+    def busy(self) -> bool:
+        """True while a batch is being claimed or run. A job row that is gone (done, or deleted with its
+        parent) and a worker not busy *after* that mean nothing is left in flight for it (tests use this)."""
+        return self._busy > 0
 
     async def _run(self, job: Job) -> None:
         sql, vectors = OrgSql(self.db, job.organization_id), OrgVectors(self.index, job.organization_id)

@@ -1,0 +1,144 @@
+"""A delete leaves no vector behind whatever the job worker is doing at that moment, on both backends.
+
+The interleavings are forced, not hoped for: the real vector index of the running service is instrumented
+so that one chosen call waits on a ``threading.Event`` (off the event loop, so the service keeps serving)
+until the test releases it. No sleeps, no timing: every wait is for a condition.
+
+* the worker has embedded a parent's chunks and is about to upsert; the delete runs to completion; then the
+  upsert goes through (the worker must notice the rows are gone and delete its vectors again);
+* the worker is about to upsert; the delete has deleted the vectors but not yet the rows; the worker
+  upserts and marks its chunks indexed (the rows are still there); then the delete deletes the rows (it must
+  delete the vectors again after the rows: the worker's upsert came after its first vector delete).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import signup
+from tests.test_conversations import _create, _append, _footprint, _msgs, _vectors, _wait_no_jobs, hlive  # noqa: F401
+
+WAIT = 30.0
+
+
+class Hold:
+    """Holds the first matching call of a real index method until released."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.armed = True
+
+    async def hold(self) -> None:
+        self.armed = False
+        self.reached.set()
+        await asyncio.to_thread(self.release.wait, WAIT)  # the event loop keeps serving meanwhile
+
+
+class Instrumented:
+    """The service's vector index with two holds: before the worker's upsert of an organization's vectors,
+    and after the first delete of that organization's vectors once ``delete.armed`` is set."""
+
+    def __init__(self, live, org_id: str) -> None:
+        self.index = live.memex.backend.index
+        self.prefix = f"{org_id}:"
+        self.upsert, self.delete = Hold(), Hold()
+        self.delete.armed = False
+        self._upsert, self._delete = self.index.upsert, self.index.delete_by_ids
+
+    def ours(self, ids) -> bool:
+        return any(i.startswith(self.prefix) for i in ids)
+
+    async def _held_upsert(self, vectors):
+        if self.upsert.armed and self.ours(v.id for v in vectors):
+            await self.upsert.hold()
+        return await self._upsert(vectors)
+
+    async def _held_delete(self, ids):
+        out = await self._delete(ids)
+        if self.delete.armed and self.ours(ids):
+            await self.delete.hold()
+        return out
+
+    def __enter__(self):
+        self.index.upsert, self.index.delete_by_ids = self._held_upsert, self._held_delete
+        return self
+
+    def __exit__(self, *exc):
+        self.upsert.release.set()
+        self.delete.release.set()
+        del self.index.upsert, self.index.delete_by_ids  # the class's methods again
+
+
+def _write(http, org, kind: str) -> str:
+    if kind == "conversation":
+        cid = _create(http, org)
+        assert _append(http, org, cid, _msgs(20)).status_code in (200, 201)
+        return cid
+    r = http.post("/v1/thoughts", json={"content": "The staging database moved to the eu-west cluster. " * 8}, headers=org.headers)
+    assert r.status_code in (200, 201), r.text
+    return r.json()["id"]
+
+
+def _delete(http, org, kind: str, pid: str) -> int:
+    path = f"/v1/conversations/{pid}" if kind == "conversation" else f"/v1/thoughts/{pid}"
+    return http.delete(path, headers=org.headers).status_code
+
+
+def _left(live, org, pid) -> list[str]:
+    return [v for v, (_, md) in _vectors(live, org.id).items() if md.get("parent_id") == pid]
+
+
+@pytest.mark.parametrize("kind", ["conversation", "thought"])
+def test_delete_while_the_worker_holds_embedded_vectors(hlive, kind):
+    """The delete completes between the worker's embedding and its upsert."""
+    org = signup(hlive, "race-a")
+    with hlive.client() as http, Instrumented(hlive, org.id) as ix:
+        pid = _write(http, org, kind)
+        assert ix.upsert.reached.wait(WAIT), "the worker never reached its upsert"
+        assert _delete(http, org, kind, pid) == 204  # served while the worker is held
+        ix.upsert.release.set()
+        _wait_no_jobs(hlive, org)
+    assert _left(hlive, org, pid) == []
+    if kind == "conversation":
+        assert _footprint(hlive, org.id, pid)["chunks"] == 0
+
+
+@pytest.mark.parametrize("kind", ["conversation", "thought"])
+def test_worker_upserts_between_the_deletes_vector_and_row_writes(hlive, kind):
+    """The worker upserts (and marks its chunks indexed) after the delete removed the vectors but before it
+    removed the rows."""
+    org = signup(hlive, "race-b")
+    with hlive.client() as http, Instrumented(hlive, org.id) as ix, ThreadPoolExecutor(1) as pool:
+        pid = _write(http, org, kind)
+        assert ix.upsert.reached.wait(WAIT), "the worker never reached its upsert"
+        ix.delete.armed = True
+        deleting = pool.submit(_delete, http, org, kind, pid)
+        assert ix.delete.reached.wait(WAIT), "the delete never deleted the vectors"
+        ix.upsert.release.set()
+        # the worker finishes its jobs while the delete is held: its chunks are marked indexed
+        _wait_worker_done(hlive, org, kind, pid)
+        ix.delete.release.set()
+        assert deleting.result(WAIT) == 204
+        _wait_no_jobs(hlive, org)
+    assert _left(hlive, org, pid) == []
+
+
+def _wait_worker_done(live, org, kind, pid) -> None:
+    """Until every chunk of the parent is marked indexed, its jobs are done, and the worker is idle."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        pending = live.sql("SELECT COUNT(*) FROM chunks WHERE organization_id = ? AND parent_id = ? AND indexed_at IS NULL",
+                           (org.id, pid))[0][0]
+        indexed = live.sql("SELECT COUNT(*) FROM chunks WHERE organization_id = ? AND parent_id = ? AND indexed_at IS NOT NULL",
+                           (org.id, pid))[0][0]
+        jobs = live.sql("SELECT COUNT(*) FROM jobs WHERE organization_id = ?", (org.id,))[0][0]
+        if not pending and indexed and not jobs and not live.memex.worker.busy:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the worker did not finish the jobs of {kind} {pid}")
