@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from api.settings import Settings
+from api.settings import Settings, SettingsError
 
 __all__ = ["main"]
 
@@ -19,7 +19,12 @@ def _settings(args: argparse.Namespace, **extra) -> Settings:
     overrides = dict(extra)
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = Path(args.data_dir)
-    return Settings.from_env(**overrides)
+    try:
+        return Settings.from_env(**overrides)
+    except SettingsError:
+        raise
+    except ValueError as exc:  # a setting refused while reading the environment: a message, not a traceback
+        raise SettingsError(str(exc)) from exc
 
 
 def _memex(settings: Settings):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import importlib.util
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["Settings"]
+from services.errors import InvalidInput
+
+__all__ = ["Settings", "SettingsError", "CHOICES"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -14,9 +17,63 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
+class SettingsError(InvalidInput, ValueError):
+    """A setting with a value Memex cannot run with: refused at start-up with a message naming the variable
+    and what it accepts (``memex`` prints it and exits with status 2)."""
+
+
 def _int(name: str, default: int) -> int:
     raw = _env(name)
-    return int(raw) if raw is not None else default
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, not {raw!r}", details={"setting": name}) from None
+
+
+def _float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingsError(f"{name} must be a number, not {raw!r}", details={"setting": name})
+    return value
+
+
+def _decisions(name: str = "MEMEX_DECISIONS") -> str:
+    raw = (_env(name, "on") or "on").lower()
+    if raw in ("on", "1", "true", "yes"):
+        return "on"
+    if raw in ("off", "0", "false", "no"):
+        return "off"
+    if raw == "full":
+        return "full"
+    raise SettingsError(f"{name} must be one of on, off, full, not {raw!r}", details={"setting": name})
+
+
+def _local_reranker_installed() -> bool:
+    """Whether an offline reranker adapter ships with this install (MEMEX_RERANKER=local needs one)."""
+    try:
+        return importlib.util.find_spec("services.adapters.local_reranker") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: The settings that name one of a few choices: field -> (environment variable, the values it accepts).
+#: Anything else is refused when Settings is built, before any adapter is chosen.
+CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sql": ("MEMEX_SQL", ("sqlite", "d1")),
+    "vectors": ("MEMEX_VECTORS", ("local", "vectorize")),
+    "embedder": ("MEMEX_EMBEDDER", ("local", "workers-ai", "hash")),
+    "llm": ("MEMEX_LLM", ("none", "workers-ai", "openai")),
+    "llm_response_format": ("MEMEX_LLM_RESPONSE_FORMAT", ("json_schema", "json_object")),
+    "reranker": ("MEMEX_RERANKER", ("none", "workers-ai")),  # + "local" when an adapter is installed
+}
 
 
 def _list(name: str) -> list[str]:
@@ -85,7 +142,8 @@ class Settings:
     llm_api_key: str | None = None
     #: ``response_format`` asked of the OpenAI-compatible endpoint: ``json_schema`` or ``json_object``.
     llm_response_format: str = "json_schema"
-    #: Second-stage reranker: ``none``, ``workers-ai`` (bge-reranker-base) or ``local`` (offline cross-encoder).
+    #: Second-stage reranker: ``none`` or ``workers-ai`` (bge-reranker-base); ``local`` only where an offline
+    #: adapter (services/adapters/local_reranker.py) is installed: none ships today, so it is refused.
     reranker: str = "none"
     #: LLM calls one organization may make per UTC day (over it, enrichment is skipped and recorded).
     llm_calls_per_day: int = 500
@@ -111,6 +169,26 @@ class Settings:
     rerank_cache_seconds: float = 3600.0
     #: A search counts as a recall (frequency multiplier) of the thoughts in its first N results; 0 = none.
     rank_recall_top: int = 10
+
+    def __post_init__(self) -> None:
+        for name, (env, allowed) in CHOICES.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and value != value.strip().lower():  # MEMEX_LLM=OpenAI means openai
+                value = value.strip().lower()
+                object.__setattr__(self, name, value)
+            if name == "reranker" and value == "local":
+                if _local_reranker_installed():
+                    continue
+                raise SettingsError(
+                    f"{env}=local needs an offline reranker adapter (services/adapters/local_reranker.py), and none "
+                    f"is installed; {env} must be one of {', '.join(allowed)}",
+                    details={"setting": env, "allowed": list(allowed)},
+                )
+            if value not in allowed:
+                raise SettingsError(
+                    f"{env} must be one of {', '.join(allowed)}, not {value!r}",
+                    details={"setting": env, "allowed": list(allowed)},
+                )
 
     @property
     def sqlite_path(self) -> Path:
@@ -152,7 +230,7 @@ class Settings:
             cloudflare_vectorize_index=_env("CLOUDFLARE_VECTORIZE_INDEX"),
             cloudflare_api_base_url=_env("CLOUDFLARE_API_BASE_URL", "https://api.cloudflare.com/client/v4"),
             cloudflare_budget_limit=_int("MEMEX_CLOUDFLARE_BUDGET", 1100),
-            cloudflare_budget_window=float(_env("MEMEX_CLOUDFLARE_BUDGET_WINDOW", "300")),
+            cloudflare_budget_window=_float("MEMEX_CLOUDFLARE_BUDGET_WINDOW", 300.0),
             llm=_env("MEMEX_LLM", "none"),
             llm_base_url=_env("MEMEX_LLM_BASE_URL"),
             llm_model=_env("MEMEX_LLM_MODEL"),
@@ -162,14 +240,14 @@ class Settings:
             llm_calls_per_day=_int("MEMEX_LLM_CALLS_PER_DAY", 500),
             llm_tokens_per_day=_int("MEMEX_LLM_TOKENS_PER_DAY", 200_000),
             enrich_vocabulary_size=_int("MEMEX_ENRICH_VOCABULARY_SIZE", 30),
-            decisions=_env("MEMEX_DECISIONS", "on").lower() not in ("off", "0", "false", "no"),
-            decisions_full=_env("MEMEX_DECISIONS", "on").lower() == "full",
-            rank_task_half_life_days=float(_env("MEMEX_RANK_TASK_HALF_LIFE_DAYS", "7")),
-            rank_work_half_life_days=float(_env("MEMEX_RANK_WORK_HALF_LIFE_DAYS", "90")),
-            rank_context_half_life_days=float(_env("MEMEX_RANK_CONTEXT_HALF_LIFE_DAYS", "180")),
+            decisions=_decisions() != "off",
+            decisions_full=_decisions() == "full",
+            rank_task_half_life_days=_float("MEMEX_RANK_TASK_HALF_LIFE_DAYS", 7.0),
+            rank_work_half_life_days=_float("MEMEX_RANK_WORK_HALF_LIFE_DAYS", 90.0),
+            rank_context_half_life_days=_float("MEMEX_RANK_CONTEXT_HALF_LIFE_DAYS", 180.0),
             rank_task_tags=_list("MEMEX_RANK_TASK_TAGS"),
             rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
-            rerank_cache_seconds=float(_env("MEMEX_RERANK_CACHE_SECONDS", "3600")),
+            rerank_cache_seconds=_float("MEMEX_RERANK_CACHE_SECONDS", 3600.0),
             rank_recall_top=_int("MEMEX_RANK_RECALL_TOP", 10),
         )
         return replace(base, **overrides)
