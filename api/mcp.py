@@ -74,7 +74,7 @@ async def _search(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
     return to_plain(
         await org.search.search(
             SearchOptions(query=a["query"], top_k=a.get("top_k", 10), tags=a.get("tags") or (),
-                          include_content=a.get("include_content", False))
+                          include_content=a.get("include_content", False), min_score=a.get("min_score"))
         )
     )
 
@@ -86,6 +86,10 @@ async def _get(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 async def _delete(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
     await org.thoughts.delete(a["id"])
     return {"id": a["id"], "deleted": True}
+
+
+async def _mark_used(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
+    return {"ids": await org.thoughts.mark_used(a["ids"])}
 
 
 async def _recent(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +113,10 @@ TOOLS: list[McpTool] = [
         _obj({"query": {"type": "string", "minLength": 1, "maxLength": 4000},
               "top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
               "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 50, "description": "any of these tags"},
-              "include_content": {"type": "boolean", "default": False, "description": "include each whole document"}},
+              "include_content": {"type": "boolean", "default": False, "description": "include each whole document"},
+              "min_score": {"type": "number", "minimum": 0, "maximum": 10,
+                            "description": "drop hits scoring below this; absent: weak matches are dropped, "
+                                           "so an unrelated query returns few or no hits; 0: every candidate"}},
              ["query"]),
         output_schema(SearchResult), _search,
     ),
@@ -119,6 +126,14 @@ TOOLS: list[McpTool] = [
         "delete_thought", "write", "Delete a thought, its chunks and all its vectors.", _obj({"id": _ID}, ["id"]),
         {"type": "object", "properties": {"id": {"type": "string"}, "deleted": {"type": "boolean"}}, "required": ["id", "deleted"]},
         _delete,
+    ),
+    McpTool(
+        "mark_used", "write",
+        "Tell memory which thoughts you actually used (acted on, quoted, relied on). Used thoughts rank slightly "
+        "higher in later searches (at most 5 %, fading over weeks); search results alone never count as use.",
+        _obj({"ids": {"type": "array", "items": _ID, "minItems": 1, "maxItems": 100, "uniqueItems": True}}, ["ids"]),
+        {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}}, "required": ["ids"]},
+        _mark_used,
     ),
     McpTool(
         "list_recent", "read", "The most recent thoughts, newest first; page with before (epoch ms) and before_id.",

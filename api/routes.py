@@ -173,7 +173,8 @@ async def _capture(data: CaptureIn, org: OrgServices) -> Response[CaptureResult]
 async def _search(data: SearchIn, org: OrgServices) -> SearchOut:
     res = await org.search.search(
         SearchOptions(query=data.query, top_k=data.top_k, tags=data.tags, kinds=data.kinds,
-                      parent_id=data.conversation_id, include_content=data.include_content, explain=data.explain)
+                      parent_id=data.conversation_id, include_content=data.include_content, explain=data.explain,
+                      min_score=data.min_score)
     )
     return SearchOut(res.query, res.results)
 
@@ -197,6 +198,12 @@ class ThoughtController(Controller):
          summary="A thought with its chunks and indexing state")
     async def get_one(self, thought_id: ThoughtId, org: OrgServices) -> ThoughtDetail:
         return await org.thoughts.get(thought_id)
+
+    @post("/{thought_id:str}/used", operation_id="markThoughtUsed", guards=[WRITE], status_code=204,
+          responses=error_responses(404, *AUTH_ERRORS),
+          summary="Mark a thought as used: deliberate use raises its ranking a little (at most 5 %, decaying)")
+    async def mark_used(self, thought_id: ThoughtId, org: OrgServices) -> None:
+        await org.thoughts.mark_used([thought_id])
 
     @delete("/{thought_id:str}", operation_id="deleteThought", guards=[WRITE], responses=error_responses(404, *AUTH_ERRORS),
             summary="Delete a thought: rows, keyword index and vectors")

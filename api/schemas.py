@@ -78,6 +78,9 @@ class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     include_content: bool = False
     explain: bool = False
+    #: Drop hits scoring below this. Absent: the relevance floor drops hits whose keyword and vector evidence
+    #: are both weak (so an unrelated query returns few or none); 0 returns every candidate.
+    min_score: Annotated[float, msgspec.Meta(ge=0, le=10)] | None = None
 
 
 class SearchOut(msgspec.Struct):

@@ -81,6 +81,13 @@ def _list(name: str) -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()] if raw else []
 
 
+#: Settings that no longer exist, refused at start-up rather than silently ignored.
+_REMOVED = {
+    "MEMEX_RANK_RECALL_TOP": "searches no longer count as uses of what they return (ranking fed on itself); "
+                             "a thought fetched by id or marked used (POST /v1/thoughts/{id}/used) counts",
+}
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Directory holding the SQLite database and the local vector index.
@@ -167,8 +174,6 @@ class Settings:
     rank_context_tags: list[str] = field(default_factory=list)
     #: Seconds a reranker's result is reused for the same query and candidates (in process).
     rerank_cache_seconds: float = 3600.0
-    #: A search counts as a recall (frequency multiplier) of the thoughts in its first N results; 0 = none.
-    rank_recall_top: int = 10
 
     def __post_init__(self) -> None:
         for name, (env, allowed) in CHOICES.items():
@@ -207,6 +212,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
+        for name, why in _REMOVED.items():
+            if os.environ.get(name) is not None:
+                raise ValueError(f"{name} is no longer a setting: {why}; unset it")
         base = cls(
             data_dir=Path(_env("MEMEX_DATA_DIR", "./data")),
             sql=_env("MEMEX_SQL", "sqlite"),
@@ -248,6 +256,5 @@ class Settings:
             rank_task_tags=_list("MEMEX_RANK_TASK_TAGS"),
             rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
             rerank_cache_seconds=_float("MEMEX_RERANK_CACHE_SECONDS", 3600.0),
-            rank_recall_top=_int("MEMEX_RANK_RECALL_TOP", 10),
         )
         return replace(base, **overrides)

@@ -17,7 +17,7 @@ from services.conversations import ConversationLimits, Conversations, KeyedLocks
 from services.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
 from services.llm_budget import BudgetedLLM, LLMBudget
 from services.decisions import Decisions
-from services.ranking import Ranking, RankingConfig, RecallCounter, RerankCache
+from services.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
 from services.recent_vectors import RecentVectors, cached_embed_handler
 from services.search import Search, hydrate_thoughts
 from services.thoughts import ThoughtLimits, Thoughts
@@ -128,7 +128,6 @@ def ranking_config(settings: Settings) -> RankingConfig:
         task_tags=frozenset(t.lower() for t in settings.rank_task_tags) or base.task_tags,
         context_tags=frozenset(t.lower() for t in settings.rank_context_tags) or base.context_tags,
         rerank_cache_seconds=settings.rerank_cache_seconds,
-        recall_top=settings.rank_recall_top,
     )
 
 
@@ -188,7 +187,7 @@ class Memex:
         # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
         self.recent_vectors = RecentVectors()
         self.worker.handlers["embed"] = cached_embed_handler(self.recent_vectors)
-        self.ranking = Ranking(config=ranking_config(settings), recall=RecallCounter(self.backend.db),
+        self.ranking = Ranking(config=ranking_config(settings), uses=UseRecorder(self.backend.db),
                                rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
@@ -216,7 +215,7 @@ class Memex:
     async def stop(self) -> None:
         await self.worker.stop()
         await self.keys.drain()
-        await self.ranking.recall.close()  # recall counts still pending
+        await self.ranking.uses.close()  # uses still pending
         await self.backend.close()
 
     def budgeted_llm(self, sql: OrgSql) -> BudgetedLLM | None:
@@ -241,7 +240,8 @@ class Memex:
         return OrgServices(
             ctx=ctx,
             thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=self.worker.wake,
-                              decisions=self.decisions(sql, vectors)),
+                              decisions=self.decisions(sql, vectors),
+                              on_use=lambda ids, fetched=False, org_id=ctx.org_id: self.ranking.used(org_id, ids, fetched=fetched)),
             search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker),
             keys=self.keys.for_org(ctx.org_id),
             bindings=OrgBindings(sql),

@@ -413,13 +413,23 @@ def free_port() -> int:
 
 #: Environment for a service under benchmark: one client hammering one key, so the per-process limits are
 #: lifted; settings that would point it elsewhere are cleared.
+#: The only settings a bench-started server changes from the product's defaults, and why (printed at start).
+#: They are rate limits: a benchmark client sends far more requests per minute than one user's key may.
+#: Nothing that changes what a search returns or how a write is processed is ever set here.
 BENCH_ENV = {
     "MEMEX_KEY_RATE_PER_MINUTE": "100000000",
     "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
     "MEMEX_AUTH_FAILURES_PER_MINUTE": "100000",
-    "PYTHONUNBUFFERED": "1",
 }
-CLEARED_ENV = ("MEMEX_DATA_DIR", "MEMEX_ACCESS_TEAM_DOMAIN", "MEMEX_ACCESS_AUD", "MEMEX_PUBLIC_URL")
+BENCH_ENV_WHY = "rate limits only: the bench's clients send more requests per minute than a user's key may"
+
+
+def announce_settings(env: dict[str, str], why: dict[str, str] | None = None) -> None:
+    """Print (stderr) every setting the bench changes from the product's defaults, with the reason."""
+    print(f"[bench] settings changed from the defaults ({BENCH_ENV_WHY}): "
+          + ", ".join(f"{k}={v}" for k, v in BENCH_ENV.items()), file=sys.stderr, flush=True)
+    for k, v in env.items():
+        print(f"[bench] setting {k}={v}: {(why or {}).get(k, 'see the bench docstring')}", file=sys.stderr, flush=True)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, logpath: Path, timeout: float = 180) -> None:
@@ -454,9 +464,11 @@ def serve_subprocess(data_dir: Path, env: dict[str, str], *, log_name: str = "be
     """Start ``python -m api.cli serve`` on a free loopback port with BENCH_ENV plus ``env``; yield
     (base_url, proc, seconds until healthy, command); stop it on exit."""
     port = free_port()
-    full_env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    # The product's defaults: no MEMEX_* setting of the caller's shell leaks in; BENCH_ENV and ``env`` only.
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMEX_")}
     full_env.update(BENCH_ENV)
     full_env.update(env)
+    full_env["PYTHONUNBUFFERED"] = "1"
     logpath = data_dir / log_name
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--data-dir", str(data_dir), "--log-level", "warning"]
@@ -484,7 +496,8 @@ def service(args):
     else:
         tmp = tempfile.TemporaryDirectory(prefix="memex-bench-")
         data_dir = Path(tmp.name)
-    env = {"MEMEX_EMBEDDER": args.embedder, "MEMEX_SQL": "sqlite", "MEMEX_VECTORS": "local"}
+    env = {} if args.embedder == "local" else {"MEMEX_EMBEDDER": args.embedder}
+    announce_settings(env, {"MEMEX_EMBEDDER": "--embedder hash: a free embedding, to time everything but the model"})
     try:
         with serve_subprocess(data_dir, env) as (base, proc, ready, cmd):
             log(f"server pid {proc.pid} on {base} ready in {ready:.1f} s (data {data_dir})")

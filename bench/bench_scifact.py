@@ -53,7 +53,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import serve_subprocess  # noqa: E402
+from bench_foundation import announce_settings, serve_subprocess  # noqa: E402
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
 STATE_FILE = "bench_scifact.json"
 REFERENCE = {"BM25": 66.5, "all-MiniLM-L6-v2": 64.5, "bge-small-en-v1.5": 71.3, "bge-base-en-v1.5": 74.3,
@@ -144,15 +144,8 @@ def service(args):
     else:
         tmp = tempfile.TemporaryDirectory(prefix="memex-scifact-")
         data_dir = Path(tmp.name)
-    env = {
-        "MEMEX_SQL": "sqlite",
-        "MEMEX_VECTORS": "local",
-        "MEMEX_EMBEDDER": "local",
-        # The ranking stage counts every thought a search returns in its top 10 as recalled (frequency
-        # multiplier 1 + log1p(count)): over 300 queries that would make each query's results depend on the
-        # ones before it. Off, unless --recall-counts.
-        "MEMEX_RANK_RECALL_TOP": "10" if args.recall_counts else "0",
-    }
+    env: dict[str, str] = {}  # the product's defaults (embedded: SQLite, local vectors, local MiniLM)
+    announce_settings(env)
     try:
         with serve_subprocess(data_dir, env, log_mode="a") as (base, proc, _ready, _cmd):
             log(f"server pid {proc.pid} on {base} (data {data_dir})")
@@ -356,8 +349,6 @@ def main() -> int:
     ap.add_argument("--index-timeout", type=float, default=3600)
     ap.add_argument("--runs-out", help="write the run (query id -> ranked doc ids) to this JSON file")
     ap.add_argument("--label", default="", help="a name for this configuration, echoed in the summary")
-    ap.add_argument("--recall-counts", action="store_true",
-                    help="leave the ranking stage's recall counting on (results then depend on query order)")
     args = ap.parse_args()
 
     root = Path(args.dataset)

@@ -53,6 +53,10 @@ class Thought(msgspec.Struct, kw_only=True):
     #: How summary, tags and importance were made: ``llm``, ``extractive`` (no model configured), ``failed``
     #: or ``skipped_budget`` (fields empty; the backfill retries), or null while the enrichment is pending.
     enrichment: str | None = None
+    #: Deliberate uses (fetched by id, marked used; never search results), and when the last one was (epoch ms).
+    #: Recorded in the background: a use shows here within about a second.
+    uses: int = 0
+    last_used_at: int | None = None
 
 
 class ThoughtLink(msgspec.Struct, kw_only=True):
@@ -155,6 +159,8 @@ class SearchHit(msgspec.Struct, kw_only=True, omit_defaults=True):
     start_sequence: int | None = None
     end_sequence: int | None = None
     best_sequence: int | None = None
+    #: The id of the message at best_sequence (the message this hit is about).
+    message_id: str | None = None
     messages: list[dict[str, Any]] | None = None
     explain: dict[str, Any] | None = None
 

@@ -132,7 +132,12 @@ class VectorIndex(Protocol):
 
 @runtime_checkable
 class Embedder(Protocol):
-    """Turns texts into L2-normalised float32 vectors."""
+    """Turns texts into L2-normalised float32 vectors.
+
+    An embedder may also carry ``relevance_floor: float | None``: the cosine below which a query-text pair is
+    weak evidence of relevance for this model (calibrated on data; services.search's relevance floor). Absent
+    or None: no floor for this model's vector side.
+    """
 
     model_id: str
     dimensions: int

@@ -1,32 +1,39 @@
 """Ranking after fusion (memory-layer-lessons): relevance x recency x frequency x importance x penalty.
 
 Applied by ``services.search.Search`` on the hydrated hits, after fusion and the per-parent de-duplication
-(over-fetched by 3), after the optional reranker, before the top-k cut:
+(over-fetched by 3), after the optional reranker, before the top-k cut. Relevance decides; the other
+factors are bounded multipliers that reorder near-ties and cannot lift a weak match over a clearly better one:
 
-* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search), or the reranker's score when a reranker ran.
-* recency: ``exp(-ln 2 * age / half_life)`` = ``0.5 ** (age / half_life)``. The seed writes
-  ``exp(-age / halfLife)``, which halves at ``ln 2 * halfLife`` (0.69 x the stated half-life) and is at 0.37
-  after one "half-life"; we use the ln 2 scaling so a half-life means what it says: 0.5 after 7 days for a
-  task, 90 for work, 180 for context. The class comes from the tags (and metadata ``type``/``kind``/
-  ``category``): any task-like tag -> task; else any context tag -> context; else work. Age is from the
-  thought's ``updated_at`` (a repeated capture of the same content refreshes it).
-* frequency: ``1 + log1p(recall_count)``; ``recall_count`` is bumped for every thought a search returns in
-  its first 10 results (``recall_top``: a client asking for 100 candidates to rerank itself is not recalling
-  100 memories), off the response's path (counts are coalesced in process and written with one UPDATE per
-  organization). ``recall_top = 0`` counts nothing, which leaves frequency at 1.0 (benchmarks: every query
-  would otherwise change the scores of the next ones).
-* importance: enrichment's 1-5 -> ``0.8 + importance / 5 * 0.4`` (0.88 - 1.20); NULL or 0 -> 1.0. Only a
-  model's judgement counts (the seed's "separate LLM pass"): the deterministic enrichment's keyword heuristic
-  (``enrichment_state = 'extractive'``) is shown in explain but multiplies by 1.0. Reciprocal-rank fusion
-  puts neighbouring ranks ~1.6 % apart, so a +/-15 % heuristic would outrank relevance: measured here, a
-  postmortem at cosine -0.02 rose above a gardening note at 0.41 for "growing vegetables outdoors" because
-  the heuristic rated the postmortem 4 and the note 3.
+* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search), or the
+  reranker's score when a reranker ran.
+* recency: ``1 - RECENCY_SPAN * (1 - 0.5 ** (age / half_life))``, in [0.92, 1.0]: 1.0 now, 0.96 after one
+  half-life, 0.92 for the very old. Half-lives by class: 7 days for a task, 90 for work, 180 for context; the
+  class comes from the tags (and metadata ``type``/``kind``/``category``): any task-like tag -> task; else any
+  context tag -> context; else work. Age is from the thought's ``updated_at``. (The seed's ``exp(-age /
+  halfLife)`` used as a plain multiplier put a year-old note at 0.02 of a new one: an exact old answer lost to
+  any fresh loose match.)
+* frequency: deliberate use only, never searches (a search that raised the scores of what it returned made
+  the next, unrelated searches return the same notes: SciFact nDCG@10 fell from 74 to 51.6 with that default).
+  A use is a thought fetched by id (``GET /v1/thoughts/{id}``, MCP ``get_thought``; once an hour per thought,
+  so polling is one use) or marked used (``POST /v1/thoughts/{id}/used``, MCP ``mark_used``; every time). Uses decay with a 30-day half-life (``uses_now``, the
+  decayed count) and saturate: ``1 + USE_SPAN * (1 - 0.5 ** (uses_now / USE_SATURATION))``, in [1.0, 1.05]
+  (one fresh use 1.016, two 1.025, ten 1.048; the cap is 1.05 however often a note is used). Uses are stored as
+  ``documents.use_weight``, the sum over uses of ``2 ** ((t_use - USE_EPOCH) / half-life)``; the decayed count
+  at ``now`` is ``use_weight * 2 ** (-(now - USE_EPOCH) / half-life)``. Adding a use is one additive UPDATE
+  (atomic on D1 too, no read-modify-write), and no timer has to age the counts. Writes are coalesced in process
+  and flushed in the background, one UPDATE per organization.
+* importance: a model's 1-5 judgement -> ``1 + IMPORTANCE_SPAN * (level - 3) / 2``, in [0.97, 1.03]; NULL, 0
+  or the deterministic enrichment's keyword heuristic (``enrichment_state = 'extractive'``) -> 1.0 (shown in
+  explain, not applied).
 * penalty: short entries (fewer than 5 words: "done", "see above") x 0.85; rolled-up entries (metadata
   ``rollup: true`` or ``type``/``kind`` ``rollup``/``digest``, or a ``rollup``/``roll-up``/``digest`` tag:
-  they repeat their sources, which should rank first) x 0.8; both multiply.
+  they repeat their sources, which should rank first) x 0.8; both multiply. Penalties only lower.
 
-Conversation windows get recency only (context class, age from the window's newest message): they have no
-recall count or importance, and their windows are built, not appended, so no penalty.
+The multipliers together lie in [0.92 * 0.97, 1.05 * 1.03] = [0.892, 1.082]: a hit can overtake another only
+when its relevance is within a factor 1.082 / 0.892 = 1.21 of it (penalties aside).
+
+Conversation hits get recency only (context class, age from the newest message of the hit): they have no
+uses or importance, and their windows are built, not appended, so no penalty.
 
 With ``explain``, each hit's ``explain`` object carries every part; ``score`` is exactly
 ``relevance * recency * frequency * importance * penalty`` (multiplied in that order, not rounded).
@@ -41,7 +48,7 @@ import json
 import logging
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +59,9 @@ from services.ports import SqlDatabase
 from services.scoped import OrgSql
 
 __all__ = [
-    "RankingConfig", "Ranking", "RecallCounter", "RerankCache", "recency", "frequency", "importance",
-    "decay_class", "penalty", "is_rollup", "TASK_TAGS", "CONTEXT_TAGS",
+    "RankingConfig", "Ranking", "UseRecorder", "RerankCache", "recency", "frequency", "importance",
+    "decay_class", "penalty", "is_rollup", "uses_now", "use_weight", "TASK_TAGS", "CONTEXT_TAGS",
+    "RECENCY_SPAN", "USE_SPAN", "USE_SATURATION", "USE_HALF_LIFE_DAYS", "IMPORTANCE_SPAN",
 ]
 
 log = logging.getLogger("memex.ranking")
@@ -71,6 +79,19 @@ CONTEXT_TAGS = frozenset(
 )
 ROLLUP_MARKS = frozenset(("rollup", "roll-up", "digest"))
 
+#: Most recency can take off: a very old note scores 0.92 of a new one with the same relevance.
+RECENCY_SPAN = 0.08
+#: Most use can add: a heavily used note scores at most 1.05 of an unused one.
+USE_SPAN = 0.05
+#: Decayed uses at which half of USE_SPAN is reached.
+USE_SATURATION = 2.0
+#: Uses lose half their weight in this many days.
+USE_HALF_LIFE_DAYS = 30.0
+#: Importance 5 multiplies by 1 + IMPORTANCE_SPAN, importance 1 by 1 - IMPORTANCE_SPAN.
+IMPORTANCE_SPAN = 0.03
+#: The origin of use weights (2026-01-01 UTC). Weights grow by 2 ** 12 a year: float64 holds them for ~80 years.
+USE_EPOCH_MS = 1_767_225_600_000
+
 
 @dataclass(frozen=True)
 class RankingConfig:
@@ -85,8 +106,6 @@ class RankingConfig:
     rollup_penalty: float = 0.8
     #: Seconds a reranker's result is reused for the same query and candidates.
     rerank_cache_seconds: float = 3600.0
-    #: A search counts as a recall of the thoughts in its first ``recall_top`` results (0: none counted).
-    recall_top: int = 10
 
     def half_life_days(self, cls: str) -> float:
         return {"task": self.task_half_life_days, "context": self.context_half_life_days}.get(cls, self.work_half_life_days)
@@ -95,22 +114,37 @@ class RankingConfig:
 # -- the multipliers (pure) ------------------------------------------------------------------------
 
 def recency(age_ms: float, half_life_days: float) -> float:
-    """0.5 ** (age / half-life): 1.0 now, 0.5 after one half-life. Future timestamps count as now."""
+    """``1 - RECENCY_SPAN * (1 - 0.5 ** (age / half-life))``: 1.0 now, 0.96 after one half-life, towards 0.92.
+    Future timestamps count as now."""
     if half_life_days <= 0:
         return 1.0
-    return math.exp(-LN2 * max(0.0, age_ms) / (half_life_days * DAY_MS))
+    decayed = math.exp(-LN2 * max(0.0, age_ms) / (half_life_days * DAY_MS))
+    return 1.0 - RECENCY_SPAN * (1.0 - decayed)
 
 
-def frequency(recall_count: int | None) -> float:
-    return 1.0 + math.log1p(max(0, recall_count or 0))
+def use_weight(at_ms: int) -> float:
+    """What one use at ``at_ms`` adds to ``documents.use_weight``."""
+    return 2.0 ** ((at_ms - USE_EPOCH_MS) / (USE_HALF_LIFE_DAYS * DAY_MS))
+
+
+def uses_now(weight: float | None, now_ms_: int) -> float:
+    """The decayed number of uses at ``now_ms_`` (each use counts 1 when fresh, 0.5 a half-life later)."""
+    if not weight:
+        return 0.0
+    return float(weight) * 2.0 ** (-(now_ms_ - USE_EPOCH_MS) / (USE_HALF_LIFE_DAYS * DAY_MS))
+
+
+def frequency(uses: float | None) -> float:
+    """``1 + USE_SPAN * (1 - 0.5 ** (uses / USE_SATURATION))``: 1.0 unused, saturating at 1.05."""
+    return 1.0 + USE_SPAN * (1.0 - 0.5 ** (max(0.0, uses or 0.0) / USE_SATURATION))
 
 
 def importance(level: int | None) -> float:
-    """1-5 -> 0.88-1.20; unknown (NULL) or 0 -> 1.0."""
+    """1-5 -> 0.97-1.03; unknown (NULL) or 0 -> 1.0."""
     if not level:
         return 1.0
     level = min(5, max(1, int(level)))
-    return 0.8 + (level / 5) * 0.4
+    return 1.0 + IMPORTANCE_SPAN * (level - 3) / 2
 
 
 def _marks(tags: Iterable[str], metadata: Mapping[str, Any] | None) -> set[str]:
@@ -146,27 +180,56 @@ def penalty(words: int | None, rollup: bool, config: RankingConfig) -> tuple[flo
     return factor, why
 
 
-# -- recall counts ----------------------------------------------------------------------------------
+# -- uses -------------------------------------------------------------------------------------------
 
-class RecallCounter:
-    """Counts the thoughts searches return and adds them to ``documents.recall_count`` in the background:
-    one UPDATE per organization per flush, ``delay`` seconds after the first count (coalescing bursts)."""
+class UseRecorder:
+    """Records deliberate uses of thoughts (fetched by id, marked used) in ``documents.use_weight`` /
+    ``use_count`` / ``last_used_at``, in the background: one UPDATE per organization per flush, ``delay``
+    seconds after the first use (coalescing bursts). Searches never record anything here.
 
-    def __init__(self, db: SqlDatabase, *, delay: float = 0.5) -> None:
+    A thought fetched by id counts once per ``fetch_window_seconds`` (in this process): a client polling a
+    thought's indexing state, or re-reading it, is one use, not hundreds. Marking used always counts."""
+
+    def __init__(self, db: SqlDatabase, *, delay: float = 0.5, clock: Callable[[], int] = now_ms,
+                 fetch_window_seconds: float = 3600.0, max_fetches_remembered: int = 100_000) -> None:
         self.db = db
         self.delay = delay
-        self._pending: dict[str, Counter[str]] = {}
+        self.clock = clock
+        self.fetch_window_ms = fetch_window_seconds * 1000
+        self.max_fetches_remembered = max_fetches_remembered
+        self._pending: dict[str, dict[str, list[float]]] = {}  # org -> doc -> [weight, count, last]
+        self._fetched: OrderedDict[tuple[str, str], int] = OrderedDict()  # (org, doc) -> when a fetch last counted
         self._task: asyncio.Task | None = None
 
-    def add(self, org_id: str, doc_ids: Sequence[str]) -> None:
+    def add(self, org_id: str, doc_ids: Sequence[str], *, fetched: bool = False) -> None:
+        now = self.clock()
+        if fetched:
+            doc_ids = [d for d in doc_ids if self._first_fetch(org_id, d, now)]
         if not doc_ids:
             return
-        self._pending.setdefault(org_id, Counter()).update(doc_ids)
+        weight = use_weight(now)
+        pending = self._pending.setdefault(org_id, {})
+        for doc_id in doc_ids:
+            entry = pending.setdefault(doc_id, [0.0, 0, now])
+            entry[0] += weight
+            entry[1] += 1
+            entry[2] = now
         if self._task is None or self._task.done():
             try:
-                self._task = asyncio.get_running_loop().create_task(self._later(), name="memex-recall-flush")
-            except RuntimeError:  # no running loop: counted, written by the next flush()
+                self._task = asyncio.get_running_loop().create_task(self._later(), name="memex-use-flush")
+            except RuntimeError:  # no running loop: recorded, written by the next flush()
                 pass
+
+    def _first_fetch(self, org_id: str, doc_id: str, now: int) -> bool:
+        key = (org_id, doc_id)
+        last = self._fetched.get(key)
+        if last is not None and now - last < self.fetch_window_ms:
+            return False
+        self._fetched[key] = now
+        self._fetched.move_to_end(key)
+        while len(self._fetched) > self.max_fetches_remembered:
+            self._fetched.popitem(last=False)
+        return True
 
     async def _later(self) -> None:
         await asyncio.sleep(self.delay)
@@ -174,16 +237,18 @@ class RecallCounter:
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}
-        for org_id, counts in pending.items():
+        for org_id, uses in pending.items():
             try:
                 await OrgSql(self.db, org_id).execute(
-                    "UPDATE documents SET recall_count = recall_count + "
-                    "(SELECT CAST(j.value AS INTEGER) FROM json_each(?2) AS j WHERE j.key = documents.id) "
+                    "UPDATE documents SET "
+                    "use_weight = use_weight + (SELECT json_extract(j.value, '$[0]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
+                    "use_count = use_count + (SELECT json_extract(j.value, '$[1]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
+                    "last_used_at = (SELECT json_extract(j.value, '$[2]') FROM json_each(?2) AS j WHERE j.key = documents.id) "
                     "WHERE organization_id = ?1 AND id IN (SELECT key FROM json_each(?2))",
-                    [json.dumps(dict(counts))],
+                    [json.dumps(uses)],
                 )
-            except Exception:  # a lost count is not worth failing anything for
-                log.warning("recall counts for %s not written", org_id, exc_info=True)
+            except Exception:  # a lost use is not worth failing anything for
+                log.warning("uses for %s not written", org_id, exc_info=True)
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():
@@ -237,7 +302,7 @@ class Ranking:
     """The ranking stage of one deployment (shared by every organization's Search)."""
 
     config: RankingConfig = field(default_factory=RankingConfig)
-    recall: RecallCounter | None = None
+    uses: UseRecorder | None = None
     rerank_cache: RerankCache | None = None
     clock: Callable[[], int] = now_ms
 
@@ -266,13 +331,15 @@ class Ranking:
                 updated = f.get("updated_at") or h.created_at
                 cls = decay_class(h.tags, h.metadata, cfg)
                 rec = recency(now - updated, cfg.half_life_days(cls))
-                freq = frequency(f.get("recall_count"))
+                used = uses_now(f.get("use_weight"), now)
+                freq = frequency(used)
                 judged = f.get("enrichment_state") != "extractive"  # a model's importance, or one set by hand
                 imp = importance(f.get("importance")) if judged else 1.0
                 chars = f.get("chars")
                 words = len(h.chunk_content.split()) if chars is not None and chars <= 200 else None
                 pen, why = penalty(words, is_rollup(h.tags, h.metadata), cfg)
-                parts = {"recency_class": cls, "recall_count": f.get("recall_count") or 0,
+                parts = {"recency_class": cls, "uses": f.get("use_count") or 0, "uses_now": round(used, 6),
+                         "last_used_at": f.get("last_used_at"),
                          "importance_level": f.get("importance"),
                          "importance_source": f.get("enrichment_state") if f.get("importance") else None,
                          "penalties": why}
@@ -308,13 +375,15 @@ class Ranking:
         if not doc_ids:
             return {}
         rows = await sql.rows(
-            "SELECT id, updated_at, recall_count, importance, enrichment_state, length(content) AS chars FROM documents "
+            "SELECT id, updated_at, use_weight, use_count, last_used_at, importance, enrichment_state, "
+            "length(content) AS chars FROM documents "
             "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
             [json.dumps(sorted(set(doc_ids)))],
         )
         return {r["id"]: r for r in rows}
 
-    def returned(self, org_id: str, hits: Sequence[SearchHit]) -> None:
-        """Count the thoughts a search returned (written in the background)."""
-        if self.recall is not None and self.config.recall_top > 0:
-            self.recall.add(org_id, [h.document_id for h in hits[: self.config.recall_top] if h.kind == "thought"])
+    def used(self, org_id: str, doc_ids: Sequence[str], *, fetched: bool = False) -> None:
+        """Record deliberate uses of these thoughts (written in the background); ``fetched``: read by id
+        (counted once an hour per thought)."""
+        if self.uses is not None:
+            self.uses.add(org_id, list(doc_ids), fetched=fetched)

@@ -35,7 +35,7 @@ from services.ports import Embedder, Reranker
 from services.ranking import Ranking
 from services.scoped import OrgSql, OrgVectors
 
-__all__ = ["SearchOptions", "Search", "fts_query", "fuse", "KINDS", "Candidate", "Hydrator", "MAX_TOP_K", "explain_candidate"]
+__all__ = ["SearchOptions", "Search", "fts_query", "query_terms", "fuse", "KEYWORD_COVERAGE_FLOOR", "KINDS", "Candidate", "Hydrator", "MAX_TOP_K", "explain_candidate"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,9 @@ VECTOR_WEIGHT = 0.6
 OVERFETCH = 3
 #: Hits the second stage (a configured reranker) rescores.
 RERANK_DEPTH = 30
+#: The relevance floor's keyword side: a hit whose vector evidence is weak (cosine below the embedder's
+#: ``relevance_floor``) is kept only when its text holds at least this share of the query's content words.
+KEYWORD_COVERAGE_FLOOR = 2 / 3
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(
     "a an and are as at be but by for from has have how i in is it its of on or that the this to was what when "
@@ -65,10 +68,15 @@ _STOP = frozenset(
 )
 
 
+def query_terms(text: str) -> list[str]:
+    """The query's distinct words, lowercased, stop words dropped when others remain (at most 64)."""
+    words = list(dict.fromkeys(w.lower() for w in _TOKEN.findall(text)))[:64]
+    return [w for w in words if w not in _STOP] or words
+
+
 def fts_query(text: str) -> str | None:
     """An FTS5 MATCH expression: every distinct word, quoted, ORed (stop words dropped when others remain)."""
-    words = list(dict.fromkeys(w.lower() for w in _TOKEN.findall(text)))[:64]
-    content = [w for w in words if w not in _STOP] or words
+    content = query_terms(text)
     if not content:
         return None
     return " OR ".join(f'"{w}"' for w in content)
@@ -83,6 +91,14 @@ class SearchOptions:
     parent_id: str | None = None
     include_content: bool = False
     explain: bool = False
+    #: None: the relevance floor (``relevance_floor``) drops hits with weak evidence on both sides. A number
+    #: (0 included) replaces it: hits whose final score is below it are dropped, nothing else.
+    min_score: float | None = None
+    #: Epoch ms bounds (inclusive) on when a conversation message was said (or a thought created); None: open.
+    time_from: int | None = None
+    time_to: int | None = None
+    #: What relative dates in the query ("last week") are relative to (epoch ms); None: now.
+    reference_time: int | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +114,11 @@ class Candidate:
     #: Each side's normalised score (or its floor, for a side that did not return the candidate).
     keyword_part: float = 0.0
     vector_part: float = 0.0
+    #: Share of the query's content words the candidate's text holds (FTS5, stemmed); None: not computed
+    #: (its vector evidence was strong enough on its own).
+    coverage: float | None = None
+    #: What kept the candidate above the relevance floor: ``vector``, ``keyword``; None: no floor applied.
+    evidence: str | None = None
 
 
 KeywordRow = tuple[str, str, str, float]  # chunk id, kind, parent id, BM25 (higher is better)
@@ -196,9 +217,11 @@ class Search:
                     await check(self.sql, opts.parent_id)
         # Tag filters are applied on hydration: the keyword side digs deeper when they narrow the set.
         kw_depth = KEYWORD_DEPTH * (4 if opts.tags else 1)
+        # A hydrator may stand for several chunk kinds (conversations: windows and single turns).
+        kind_of = {ck: k for k in kinds for ck in getattr(self.hydrators[k], "chunk_kinds", (k,))}
         keyword, vector = await asyncio.gather(
-            self._keyword(query, kinds, opts.parent_id, kw_depth),
-            self._vector(query, kinds, opts.parent_id, VECTOR_DEPTH),
+            self._keyword(query, list(kind_of), opts.parent_id, kw_depth, (opts.time_from, opts.time_to)),
+            self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH),
         )
         # A document-level keyword hit shows the thought's best chunk by the vector side (else its first chunk).
         best_chunk: dict[str, str] = {}
@@ -208,16 +231,22 @@ class Search:
         keyword = [(best_chunk.get(r[2], r[0]), *r[1:]) if r[1] == "thought" else r for r in keyword]
 
         def key(chunk_id: str, kind: str, parent_id: str) -> tuple[str, str]:
-            per_parent = getattr(self.hydrators[kind], "collapse_per_parent", True)
+            per_parent = getattr(self.hydrators[kind_of[kind]], "collapse_per_parent", True)
             return (kind, parent_id if per_parent else chunk_id)
 
         ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH)
         if not opts.tags:  # hydrate what the ranking stage and the reranker can use, not every candidate
-            ranked = ranked[: max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)]
+            # (a hydrator that ranks parts of its candidates, conversation turns, asks for a deeper list)
+            cut = max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)
+            deep = {k for k in kinds if getattr(self.hydrators[k], "depth", 0) > cut}
+            ranked = [c for i, c in enumerate(ranked)
+                      if i < cut or (kind_of[c.kind] in deep and i < self.hydrators[kind_of[c.kind]].depth)]
+        if opts.min_score is None:
+            ranked = await self._relevance_floor(query, ranked)
 
         hits: list[SearchHit] = []
         for kind in kinds:
-            group = [c for c in ranked if c.kind == kind]
+            group = [c for c in ranked if kind_of[c.kind] == kind]
             if group:
                 hits.extend(await self.hydrators[kind](self.sql, group, opts))
         if self.ranking is not None:  # the reranker (when there is one, cached) and the multipliers
@@ -227,10 +256,60 @@ class Search:
             if self._rerank is not None:
                 hits = await self._rerank(query, hits)
             hits.sort(key=lambda h: h.score, reverse=True)
-        results = hits[: opts.top_k]
-        if self.ranking is not None:
-            self.ranking.returned(self.sql.org_id, results)  # recall counts, written in the background
-        return SearchResult(query=query, results=results)
+        if opts.min_score is not None:
+            hits = [h for h in hits if h.score >= opts.min_score]
+        return SearchResult(query=query, results=hits[: opts.top_k])
+
+    async def _relevance_floor(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
+        """Drop candidates whose evidence is weak on both sides: cosine below the embedder's ``relevance_floor``
+        (or no vector: not indexed yet, or below the vector side's depth) and fewer than
+        ``KEYWORD_COVERAGE_FLOOR`` of the query's content words in their text. Fusion normalises each side by
+        its best score, so without a floor the best of nothing looks like a perfect match. An embedder without
+        a calibrated floor (``relevance_floor`` None) keeps everything."""
+        floor = getattr(self.embedder, "relevance_floor", None)
+        if floor is None:
+            return ranked
+        for c in ranked:
+            c.evidence = "vector" if c.vector_score is not None and c.vector_score >= floor else None
+        weak = [c for c in ranked if c.evidence is None]
+        if not weak:
+            return ranked
+        coverage = await self._coverage(query_terms(query), weak)
+        for c in weak:
+            c.coverage = coverage.get((c.kind, c.parent_id if c.kind == "thought" else c.chunk_id), 0.0)
+            if c.coverage >= KEYWORD_COVERAGE_FLOOR:
+                c.evidence = "keyword"
+        return [c for c in ranked if c.evidence is not None]
+
+    async def _coverage(self, terms: list[str], candidates: list[Candidate]) -> dict[tuple[str, str], float]:
+        """Share of ``terms`` each candidate's text holds, by FTS5 itself (same tokenizer and stemming as the
+        keyword side): whole documents for thoughts, the chunk for other kinds. One statement per table."""
+        if not terms:
+            return {}
+        quoted = json.dumps([f'"{t}"' for t in terms])
+        matched: dict[tuple[str, str], set[int]] = {}
+        docs = [c.parent_id for c in candidates if c.kind == "thought"]
+        if docs:
+            for r in await self.sql.rows(
+                "SELECT j.key AS term, k.document_id AS id FROM json_each(?2) AS j "
+                "JOIN documents_fts ON documents_fts MATCH j.value "
+                "JOIN documents_fts_keys AS k ON k.pk = documents_fts.rowid "
+                "WHERE documents_fts.organization_id = ?1 AND k.organization_id = ?1 "
+                "AND k.document_id IN (SELECT value FROM json_each(?3))",
+                [quoted, json.dumps(docs)],
+            ):
+                matched.setdefault(("thought", r["id"]), set()).add(r["term"])
+        chunks = {c.chunk_id: c.kind for c in candidates if c.kind != "thought"}
+        if chunks:
+            for r in await self.sql.rows(
+                "SELECT j.key AS term, c.id AS id FROM json_each(?2) AS j "
+                "JOIN chunks_fts ON chunks_fts MATCH j.value JOIN chunks AS c ON c.pk = chunks_fts.rowid "
+                "WHERE chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+                "AND c.id IN (SELECT value FROM json_each(?3))",
+                [quoted, json.dumps(list(chunks))],
+            ):
+                matched.setdefault((chunks[r["id"]], r["id"]), set()).add(r["term"])
+        return {key: len(found) / len(terms) for key, found in matched.items()}
 
     async def _rerank_hits(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         """The second stage: the configured reranker rescores the first ``RERANK_DEPTH`` hits (best fused first)
@@ -259,7 +338,8 @@ class Search:
                 h.score = floor * 0.5 * (h.score / top)
         return head + tail
 
-    async def _keyword(self, query: str, kinds: list[str], parent_id: str | None, width: int) -> list[KeywordRow]:
+    async def _keyword(self, query: str, kinds: list[str], parent_id: str | None, width: int,
+                       window: tuple[int | None, int | None] = (None, None)) -> list[KeywordRow]:
         """BM25, best first: whole documents for thoughts (documents_fts; the row's chunk is the thought's first,
         see ``search``), chunks for the other kinds (chunks_fts). With both, the lists merge on score, cut at
         ``width``."""
@@ -271,7 +351,7 @@ class Search:
             out += await self._keyword_documents(match, parent_id, width)
         others = [k for k in kinds if k != "thought"]
         if others:
-            out += await self._keyword_chunks(match, others, parent_id, width)
+            out += await self._keyword_chunks(match, others, parent_id, width, window)
         if "thought" in kinds and others:
             out.sort(key=lambda r: r[3], reverse=True)
             out = out[:width]
@@ -293,13 +373,20 @@ class Search:
         # FTS5's bm25() is negated; a thought without chunks (mid-write) has nothing to show yet
         return [(r["chunk_id"], "thought", r["document_id"], -float(r["bm25"])) for r in rows if r["chunk_id"]]
 
-    async def _keyword_chunks(self, match: str, kinds: list[str], parent_id: str | None, width: int) -> list[KeywordRow]:
+    async def _keyword_chunks(self, match: str, kinds: list[str], parent_id: str | None, width: int,
+                              window: tuple[int | None, int | None] = (None, None)) -> list[KeywordRow]:
         sql = (
             "SELECT c.id, c.kind, c.parent_id, bm25(chunks_fts) AS bm25 FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
             "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
             "AND c.kind IN (SELECT value FROM json_each(?3))"
         )
         params: list[Any] = [match, json.dumps(kinds)]
+        if window != (None, None):  # from / to: conversation chunks holding a message said within the bounds
+            sql += (
+                " AND (c.start_sequence IS NULL OR EXISTS (SELECT 1 FROM messages m WHERE m.organization_id = ?1 "
+                "AND m.conversation_id = c.parent_id AND m.sequence BETWEEN c.start_sequence AND c.end_sequence "
+                f"AND m.created_at BETWEEN {int(window[0] or 0)} AND {int(window[1] or 2**62)}))"
+            )
         if parent_id is not None:
             sql += " AND c.parent_id = ?5"
         # ORDER BY rank (FTS5's own bm25 ordering) lets FTS5 sort before the join: same order, ~3x faster at 10k
@@ -349,6 +436,10 @@ async def hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpti
         text = chunks.get(c.chunk_id)
         if doc is None or text is None:
             continue  # deleted between the index lookup and now
+        if (opts.time_from is not None and doc["created_at"] < opts.time_from) or (
+            opts.time_to is not None and doc["created_at"] > opts.time_to
+        ):
+            continue  # from / to: when the thought was captured
         tags = json.loads(doc["tags"]) if doc["tags"] else []
         if wanted and not wanted.intersection(tags):
             continue
@@ -384,4 +475,6 @@ def explain_candidate(c: Candidate) -> dict[str, Any]:
         "keyword_weight": round(1 - VECTOR_WEIGHT, 6),
         "vector_weight": VECTOR_WEIGHT,
         "score": round(c.fused, 6),
+        "evidence": c.evidence,
+        "keyword_coverage": None if c.coverage is None else round(c.coverage, 6),
     }

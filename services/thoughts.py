@@ -73,6 +73,8 @@ def thought_from_row(r: dict[str, Any]) -> Thought:
         enrichment=r.get("enrichment_state"),
         created_at=r["created_at"],
         updated_at=r["updated_at"],
+        uses=r.get("use_count") or 0,
+        last_used_at=r.get("last_used_at"),
     )
 
 
@@ -97,6 +99,7 @@ class Thoughts:
         limits: ThoughtLimits = ThoughtLimits(),
         on_enqueue: Callable[[], None] | None = None,
         decisions: Decisions | None = None,
+        on_use: Callable[..., None] | None = None,
     ) -> None:
         self.sql = sql
         self.vectors = vectors
@@ -105,6 +108,8 @@ class Thoughts:
         self.on_enqueue = on_enqueue or (lambda: None)
         #: Write-time decisions (None: every new content is simply created).
         self.decisions = decisions
+        #: Records deliberate uses: ``on_use(ids, fetched=bool)`` (services.ranking, bound to the organization).
+        self.on_use = on_use or (lambda ids, fetched=False: None)
 
     # -- capture ---------------------------------------------------------------------------------
 
@@ -356,7 +361,9 @@ class Thoughts:
         return row
 
     async def get(self, doc_id: str) -> ThoughtDetail:
+        """One thought with its chunks. Fetching a thought by id is a deliberate use of it (ranking)."""
         row = await self._row(doc_id)
+        self.on_use([doc_id], fetched=True)
         chunk_rows = await self.sql.rows(
             "SELECT id, ordinal, content, token_count, indexed_at, vector_mutation FROM chunks "
             "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2 ORDER BY ordinal",
@@ -378,6 +385,23 @@ class Thoughts:
             links=await links_of(self.sql, doc_id),
             history=await history_of(self.sql, doc_id, limit=DETAIL_HISTORY),
         )
+
+    async def mark_used(self, doc_ids: list[str]) -> list[str]:
+        """Record that these thoughts were used (an agent acted on them). Unknown ids: NotFound, nothing recorded."""
+        ids = list(dict.fromkeys(doc_ids))
+        if not 1 <= len(ids) <= 100:
+            raise InvalidInput("ids must hold 1-100 thought ids", details={"field": "ids"})
+        found = {
+            r["id"] for r in await self.sql.rows(
+                "SELECT id FROM documents WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+                [json.dumps(ids)],
+            )
+        }
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFound("thought not found", details={"ids": missing})
+        self.on_use(ids)
+        return ids
 
     @property
     def history(self) -> "ThoughtHistoryService":

@@ -203,25 +203,57 @@ def test_near_identical_capture_is_blocked_without_a_model(live, org, client):
     assert other.status_code == 201 and other.json()["decision"] == {"action": "created"}
 
 
-def test_explain_over_rest_adds_up_and_recalls_are_counted(live, org, client):
+def _use_counts(live, org) -> dict[str, int]:
+    return dict(live.sql("SELECT id, use_count FROM documents WHERE organization_id = ?", (org.id,)))
+
+
+def _wait_uses(live, org, expected: dict[str, int]) -> dict[str, int]:
+    """Uses are written in the background (coalesced, within about a second): wait for them to land."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        counts = _use_counts(live, org)
+        if all(counts[i] >= n for i, n in expected.items()):
+            return counts
+        time.sleep(0.05)
+    return _use_counts(live, org)
+
+
+def test_explain_over_rest_adds_up_and_only_deliberate_use_counts(live, org, client):
     ids = [client.post("/v1/thoughts", json={"content": c}, headers=org.headers).json()["id"] for c in (
         "Lighthouse keepers logged the fog horn schedule every night.",
         "The lighthouse lens was replaced with an LED array in 2019.",
     )]
     for tid in ids:
-        live.wait_indexed(org.headers, tid)
-    results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True}, headers=org.headers).json()["results"]
+        live.wait_indexed(org.headers, tid)  # polls GET /v1/thoughts/{id}: a fetch by id, one use however often
+    assert _wait_uses(live, org, {ids[0]: 1, ids[1]: 1}) == {ids[0]: 1, ids[1]: 1}
+    for _ in range(20):  # searches are not uses
+        results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True}, headers=org.headers).json()["results"]
     assert {r["document_id"] for r in results} >= set(ids)
     for r in results:
         e = r["explain"]
         assert e["relevance"] * e["recency"] * e["frequency"] * e["importance"] * e["penalty"] == r["score"] == e["score"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        counts = dict(live.sql("SELECT id, recall_count FROM documents WHERE organization_id = ?", (org.id,)))
-        if all(counts[i] >= 1 for i in ids):
-            break
-        time.sleep(0.1)
-    assert all(counts[i] >= 1 for i in ids), counts
+        assert e["uses"] == 1 and 1.0 < e["frequency"] <= 1.05
+    assert client.post(f"/v1/thoughts/{ids[0]}/used", headers=org.headers).status_code == 204
+    assert client.get(f"/v1/thoughts/{ids[1]}", headers=org.headers).status_code == 200  # within the hour: no new use
+    counts = _wait_uses(live, org, {ids[0]: 2})
+    assert counts[ids[0]] == 2 and counts[ids[1]] == 1, counts  # exactly: twenty searches added nothing
+    listed = {t["id"]: t for t in client.get("/v1/thoughts?limit=5", headers=org.headers).json()["thoughts"]}
+    assert listed[ids[0]]["uses"] == 2 and listed[ids[0]]["last_used_at"] > 0
+    results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True}, headers=org.headers).json()["results"]
+    e0 = next(r for r in results if r["document_id"] == ids[0])["explain"]
+    assert e0["uses"] == 2 and e0["frequency"] <= 1.05
+
+
+def test_marking_another_orgs_thought_used_is_404_and_changes_nothing(live, org, other_org, client):
+    tid = client.post("/v1/thoughts", json={"content": "Alpha's launch checklist lives in the ops wiki."}, headers=org.headers).json()["id"]
+    assert_error(client.post(f"/v1/thoughts/{tid}/used", headers=other_org.headers), 404)
+    assert_error(client.post("/v1/thoughts/th_does_not_exist/used", headers=org.headers), 404)
+    with live.client() as c:
+        r = c.post("/v1/keys", json={"name": "reader", "scopes": ["read"]}, headers=org.headers)
+        reader = {"authorization": f"Bearer {r.json()['key']}"}
+    assert_error(client.post(f"/v1/thoughts/{tid}/used", headers=reader), 403)
+    assert client.post(f"/v1/thoughts/{tid}/used", headers=org.headers).status_code == 204
+    assert _wait_uses(live, org, {tid: 1})[tid] == 1  # only the owner's own mark landed
 
 
 def test_history_endpoints_are_404_for_another_orgs_thought(live, org, other_org, client):

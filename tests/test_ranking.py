@@ -1,6 +1,7 @@
 """Ranking after fusion (memory-layer-lessons): recency, frequency, importance and penalties move scores in
-the stated direction, explain's parts multiply up to the score exactly, recall counts are bumped, the
-reranker's results are cached."""
+the stated direction within their bounds, never lift a weak match over a clearly better one, explain's parts
+multiply up to the score exactly, only deliberate use counts (never a search), the reranker's results are
+cached."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
 from services.migrate import apply_pending
 from services.models import SearchHit
+from services.errors import NotFound
 from services.ranking import (
-    DAY_MS, Ranking, RankingConfig, RecallCounter, RerankCache, decay_class, frequency, importance, is_rollup,
-    penalty, recency,
+    DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, frequency,
+    importance, is_rollup, penalty, recency, use_weight, uses_now,
 )
 from services.scoped import OrgSql, OrgVectors
 from services.search import Search, SearchOptions, hydrate_thoughts
@@ -35,26 +37,37 @@ def product(explain: dict) -> float:
 
 # -- the multipliers --------------------------------------------------------------------------------
 
-def test_recency_halves_at_the_half_life():
+def test_recency_is_bounded_and_halves_its_span_at_the_half_life():
     assert recency(0, 7) == 1.0
-    assert recency(7 * DAY_MS, 7) == pytest.approx(0.5, rel=1e-12)
-    assert recency(14 * DAY_MS, 7) == pytest.approx(0.25, rel=1e-12)
+    assert recency(7 * DAY_MS, 7) == pytest.approx(0.96, rel=1e-12)
+    assert recency(14 * DAY_MS, 7) == pytest.approx(0.94, rel=1e-12)
+    assert 0.92 <= recency(36500 * DAY_MS, 7) < 0.9201  # a century old: never below 0.92
     assert recency(-DAY_MS, 7) == 1.0  # a clock skew never boosts
     week = 7 * DAY_MS
     assert recency(week, 7) < recency(week, 90) < recency(week, 180) < 1.0
 
 
-def test_frequency_grows_with_recalls_and_slows_down():
+def test_frequency_grows_with_uses_slows_down_and_is_capped():
     assert frequency(0) == frequency(None) == 1.0
-    values = [frequency(n) for n in (0, 1, 2, 10, 100)]
-    assert values == sorted(values) and len(set(values)) == 5
-    assert values[1] - values[0] > (values[4] - values[3]) / 90  # log1p: each recall adds less
+    values = [frequency(n) for n in (0, 1, 2, 10, 100, 1e9)]
+    assert values == sorted(values) and len(set(values[:4])) == 4
+    assert values[1] == pytest.approx(1 + 0.05 * (1 - 0.5 ** 0.5))
+    assert values[1] - values[0] > (values[3] - values[2]) / 8  # each use adds less
+    assert values[-1] <= 1.05  # the cap, however often a note is used
 
 
-def test_importance_maps_one_to_five_onto_088_120():
-    assert importance(1) == pytest.approx(0.88)
-    assert importance(3) == pytest.approx(1.04)
-    assert importance(5) == pytest.approx(1.20)
+def test_uses_decay_with_their_half_life():
+    t = 1_800_000_000_000
+    assert uses_now(use_weight(t), t) == pytest.approx(1.0)
+    assert uses_now(use_weight(t), t + int(USE_HALF_LIFE_DAYS * DAY_MS)) == pytest.approx(0.5)
+    assert uses_now(use_weight(t) + use_weight(t + DAY_MS), t + DAY_MS) == pytest.approx(1 + 0.5 ** (1 / 30))
+    assert uses_now(0, t) == uses_now(None, t) == 0.0
+
+
+def test_importance_maps_one_to_five_onto_097_103():
+    assert importance(1) == pytest.approx(0.97)
+    assert importance(3) == pytest.approx(1.0)
+    assert importance(5) == pytest.approx(1.03)
     assert importance(None) == importance(0) == 1.0
     assert importance(9) == importance(5) and importance(-2) == importance(1)
 
@@ -90,7 +103,7 @@ class Env:
         self.db, self.index, self.emb, self.ranking = db, index, emb, ranking
         self.sql = OrgSql(db, "org_a")
         self.vectors = OrgVectors(index, "org_a")
-        self.thoughts = Thoughts(self.sql, self.vectors, emb)
+        self.thoughts = Thoughts(self.sql, self.vectors, emb, on_use=lambda ids, fetched=False: ranking.used("org_a", ids, fetched=fetched))
         self.search = Search(self.sql, self.vectors, emb, {"thought": hydrate_thoughts}, ranking=ranking)
 
     async def run(self, query: str, **kw) -> list[SearchHit]:
@@ -112,7 +125,7 @@ async def env(tmp_path):
     await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_a', 'a', 'A', 'active', 1)")
     emb = HashEmbedder()
     index = LocalVectorIndex(tmp_path / "v.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
-    e = Env(db, index, emb, Ranking(recall=RecallCounter(db, delay=3600), rerank_cache=RerankCache()))
+    e = Env(db, index, emb, Ranking(uses=UseRecorder(db, delay=3600), rerank_cache=RerankCache()))
     e.ids = {}
     for name, text in {
         "harbour": "The harbour ferry timetable changes in winter: boats leave every forty minutes from pier two.",
@@ -131,7 +144,8 @@ def _by_doc(hits):
 
 
 async def test_explain_parts_multiply_up_to_the_score_exactly(env):
-    await env.set(env.ids["ferry"], importance=5, recall_count=3, updated_at=int(time.time() * 1000) - 40 * DAY_MS)
+    now = int(time.time() * 1000)
+    await env.set(env.ids["ferry"], importance=5, use_weight=use_weight(now) * 3, use_count=3, updated_at=now - 40 * DAY_MS)
     hits = await env.run("harbour ferry")
     assert len(hits) >= 2
     for h in hits:
@@ -140,8 +154,9 @@ async def test_explain_parts_multiply_up_to_the_score_exactly(env):
         assert product(e) == h.score == e["score"]  # exact, not approximate
         assert e["relevance"] == e["fused"] and e["rerank"] is None
     ferry = _by_doc(hits)[env.ids["ferry"]].explain
-    assert ferry["importance"] == pytest.approx(1.2) and ferry["frequency"] == pytest.approx(1 + 1.3862943611198906)
-    assert ferry["recency"] == pytest.approx(0.5 ** (40 / 90), rel=1e-3) and ferry["recency_class"] == "work"
+    assert ferry["importance"] == pytest.approx(1.03) and ferry["frequency"] == pytest.approx(frequency(3), rel=1e-4)
+    assert ferry["uses"] == 3 and ferry["uses_now"] == pytest.approx(3, rel=1e-4)
+    assert ferry["recency"] == pytest.approx(recency(40 * DAY_MS, 90), rel=1e-3) and ferry["recency_class"] == "work"
     assert hits == sorted(hits, key=lambda h: h.score, reverse=True)
 
 
@@ -152,13 +167,13 @@ async def test_recency_frequency_and_importance_move_scores_as_stated(env):
 
     await env.set(doc, updated_at=now - 200 * DAY_MS)
     older = _by_doc(await env.run("harbour ferry"))[doc]
-    assert older.score < base[doc].score and older.explain["recency"] < 0.25
+    assert older.score < base[doc].score and 0.92 < older.explain["recency"] < 0.94
 
-    await env.set(doc, updated_at=now, recall_count=5)
-    recalled = _by_doc(await env.run("harbour ferry"))[doc]
-    assert recalled.score > base[doc].score and recalled.explain["frequency"] > 2.5
+    await env.set(doc, updated_at=now, use_weight=use_weight(now) * 5, use_count=5)
+    used = _by_doc(await env.run("harbour ferry"))[doc]
+    assert used.score > base[doc].score and 1.03 < used.explain["frequency"] <= 1.05
 
-    await env.set(doc, recall_count=0, importance=1)
+    await env.set(doc, use_weight=0, use_count=0, importance=1)
     low = _by_doc(await env.run("harbour ferry"))[doc]
     await env.set(doc, importance=5)
     high = _by_doc(await env.run("harbour ferry"))[doc]
@@ -166,16 +181,35 @@ async def test_recency_frequency_and_importance_move_scores_as_stated(env):
 
     await env.set(doc, importance=None, tags='["todo"]', updated_at=now - 7 * DAY_MS)
     task = _by_doc(await env.run("harbour ferry"))[doc]
-    assert task.explain["recency_class"] == "task" and task.explain["recency"] == pytest.approx(0.5, rel=1e-3)
+    assert task.explain["recency_class"] == "task" and task.explain["recency"] == pytest.approx(0.96, rel=1e-3)
 
 
-async def test_an_old_first_result_drops_below_a_fresh_second(env):
-    hits = await env.run("harbour ferry timetable")
-    first, second = hits[0].document_id, hits[1].document_id
-    await env.set(first, updated_at=int(time.time() * 1000) - 720 * DAY_MS)
-    again = await env.run("harbour ferry timetable")
-    order = [h.document_id for h in again]
-    assert order[0] == second and order.index(first) > 0
+async def test_multipliers_never_lift_a_weak_match_over_a_clearly_better_one(env):
+    """The weakest relevant hit gets every boost (fresh, used a lot, importance 5 by a model); the best gets
+    every drag (ten years old, importance 1): the best still ranks first when its relevance is > 1.21x."""
+    hits = [h for h in await env.run("harbour ferry timetable winter", min_score=0) if h.explain["relevance"] > 0]
+    best, weak = hits[0], hits[-1]
+    assert best.explain["relevance"] > 1.22 * weak.explain["relevance"] and weak.document_id == env.ids["ferry"]
+    now = int(time.time() * 1000)
+    await env.set(weak.document_id, updated_at=now, importance=5, enrichment_state="llm",
+                  use_weight=use_weight(now) * 1000, use_count=1000)
+    await env.set(best.document_id, updated_at=now - 3650 * DAY_MS, importance=1, enrichment_state="llm")
+    again = await env.run("harbour ferry timetable winter", min_score=0)
+    assert again[0].document_id == best.document_id
+    assert _by_doc(again)[weak.document_id].score > weak.score  # the boosts did apply
+
+
+async def test_recency_reorders_near_ties(env):
+    a = (await env.thoughts.capture("The harbour ferry leaves pier two at nine.")).id
+    b = (await env.thoughts.capture("The harbour ferry leaves pier two at nine!")).id
+    await JobWorker(env.db, env.index, env.emb, handlers={"enrich": _noop}).drain()
+    await env.set(a, updated_at=int(time.time() * 1000) - 365 * DAY_MS)
+    order = [h.document_id for h in await env.run("harbour ferry leaves pier two at nine")]
+    assert order.index(b) < order.index(a)
+    await env.set(a, updated_at=int(time.time() * 1000))
+    await env.set(b, updated_at=int(time.time() * 1000) - 365 * DAY_MS)
+    order = [h.document_id for h in await env.run("harbour ferry leaves pier two at nine")]
+    assert order.index(a) < order.index(b)
 
 
 async def test_short_and_rolled_up_entries_are_penalised(env):
@@ -189,28 +223,50 @@ async def test_short_and_rolled_up_entries_are_penalised(env):
     assert hits[env.ids["harbour"]].explain["penalty"] == 1.0
 
 
-async def test_returned_thoughts_have_their_recall_count_bumped_off_the_hot_path(env):
-    hits = await env.run("harbour ferry", top_k=1)
-    returned = hits[0].document_id
-    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
-    assert set(counts.values()) == {0}  # nothing written during the request
-    await env.ranking.recall.flush()
-    await env.run("harbour ferry", top_k=1)
-    await env.run("harbour ferry", top_k=1)
-    await env.ranking.recall.flush()
-    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
-    assert counts[returned] == 3 and sum(counts.values()) == 3
+async def _uses(env) -> dict[str, tuple]:
+    rows = await env.sql.rows("SELECT id, use_count, use_weight, last_used_at FROM documents WHERE organization_id = ?1")
+    return {r["id"]: (r["use_count"], r["use_weight"], r["last_used_at"]) for r in rows}
 
 
-async def test_the_recall_counter_flushes_by_itself(env):
-    env.ranking.recall.delay = 0.01
-    await env.run("bakery rye", top_k=1)
-    for _ in range(100):
+async def test_searches_never_count_as_use_nor_change_later_scores(env):
+    now = int(time.time() * 1000)
+    env.ranking.clock = lambda: now  # recency moves with the clock, not with searches
+    before = [(h.document_id, h.score) for h in await env.run("harbour ferry")]
+    for query in ["harbour ferry", "bakery rye bread", "tickets", "winter boats"] * 25:
+        await env.run(query)
+    await env.ranking.uses.flush()
+    assert {v[0] for v in (await _uses(env)).values()} == {0}
+    assert [(h.document_id, h.score) for h in await env.run("harbour ferry")] == before
+
+
+async def test_fetching_by_id_and_marking_used_count_as_uses_off_the_hot_path(env):
+    for _ in range(5):  # fetched five times in a row (a client polling): one use
+        await env.thoughts.get(env.ids["bakery"])
+    await env.thoughts.mark_used([env.ids["bakery"], env.ids["ferry"]])
+    assert {v[0] for v in (await _uses(env)).values()} == {0}  # nothing written during the request
+    await env.ranking.uses.flush()
+    uses = await _uses(env)
+    assert uses[env.ids["bakery"]][0] == 2 and uses[env.ids["ferry"]][0] == 1 and uses[env.ids["harbour"]][0] == 0
+    assert uses[env.ids["bakery"]][2] is not None
+    e = _by_doc(await env.run("bakery rye bread"))[env.ids["bakery"]].explain
+    assert e["uses"] == 2 and e["frequency"] == pytest.approx(frequency(2), rel=1e-3)
+
+
+async def test_marking_an_unknown_thought_used_is_not_found_and_records_nothing(env):
+    with pytest.raises(NotFound):
+        await env.thoughts.mark_used([env.ids["bakery"], "th_missing"])
+    await env.ranking.uses.flush()
+    assert {v[0] for v in (await _uses(env)).values()} == {0}
+
+
+async def test_the_use_recorder_flushes_by_itself(env):
+    env.ranking.uses.delay = 0.01
+    await env.thoughts.mark_used([env.ids["bakery"]])
+    for _ in range(500):
         await asyncio.sleep(0.02)
-        row = await env.sql.one("SELECT recall_count FROM documents WHERE organization_id = ?1 AND id = ?2", [env.ids["bakery"]])
-        if row["recall_count"] == 1:
+        if (await _uses(env))[env.ids["bakery"]][0] == 1:
             break
-    assert row["recall_count"] == 1
+    assert (await _uses(env))[env.ids["bakery"]][0] == 1
 
 
 async def test_conversation_hits_get_recency_only():
@@ -221,7 +277,7 @@ async def test_conversation_hits_get_recency_only():
     (out,) = await Ranking().apply(None, "q", [hit], explain=True)
     e = out.explain
     assert (e["frequency"], e["importance"], e["penalty"]) == (1.0, 1.0, 1.0)
-    assert e["recency_class"] == "context" and e["recency"] == pytest.approx(0.5, rel=1e-3)  # the newest message
+    assert e["recency_class"] == "context" and e["recency"] == pytest.approx(0.96, rel=1e-3)  # the newest message
     assert product(e) == out.score
 
 
@@ -271,19 +327,6 @@ def test_the_rerank_cache_expires_after_its_ttl():
     assert len(calls) == 3
 
 
-async def test_only_the_first_results_count_as_recalled(env):
-    env.ranking.config = RankingConfig(recall_top=1)
-    hits = await env.run("harbour ferry", top_k=3)
-    assert len(hits) >= 2
-    await env.ranking.recall.flush()
-    counts = {r["id"]: r["recall_count"] for r in await env.sql.rows("SELECT id, recall_count FROM documents WHERE organization_id = ?1")}
-    assert counts[hits[0].document_id] == 1 and sum(counts.values()) == 1
-    env.ranking.config = RankingConfig(recall_top=0)
-    await env.run("harbour ferry", top_k=3)
-    await env.ranking.recall.flush()
-    assert sum(r["recall_count"] for r in await env.sql.rows("SELECT recall_count FROM documents WHERE organization_id = ?1")) == 1
-
-
 async def test_a_heuristic_importance_does_not_reorder_relevance(env):
     doc = env.ids["harbour"]
     await env.set(doc, importance=5, enrichment_state="extractive")
@@ -291,4 +334,4 @@ async def test_a_heuristic_importance_does_not_reorder_relevance(env):
     assert e["importance"] == 1.0 and e["importance_level"] == 5 and e["importance_source"] == "extractive"
     await env.set(doc, enrichment_state="llm")
     e = _by_doc(await env.run("harbour ferry"))[doc].explain
-    assert e["importance"] == pytest.approx(1.2) and e["importance_source"] == "llm"
+    assert e["importance"] == pytest.approx(1.03) and e["importance_source"] == "llm"

@@ -33,6 +33,8 @@ class HashEmbedder:
     """``Embedder`` by feature hashing; ``count_tokens`` counts words and punctuation marks."""
 
     model_id: str = "memex/hash-embedder-v1"
+    #: Texts sharing no word score ~0; sharing a few of a short query's words scores 0.2-0.5.
+    relevance_floor: float = 0.2
 
     def __init__(self, dimensions: int = 384, max_tokens: int = 256) -> None:
         if dimensions < 1:

@@ -98,6 +98,10 @@ class WorkersAIEmbedder:
 
     dimensions: int = 768
     max_tokens: int = 512
+    #: No relevance floor on the vector side: bge's cosines sit in a narrow high band whose cut-off for
+    #: "unrelated" could not be calibrated offline (these machines cannot reach Workers AI). The keyword side
+    #: alone would drop good semantic matches, so the floor is off for this model.
+    relevance_floor: float | None = None
 
     def __init__(
         self,
