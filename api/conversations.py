@@ -23,6 +23,7 @@ from services.conversation_models import (
 from services.errors import InvalidInput
 from services.models import SearchResult
 from services.search import SearchOptions
+from services.temporal import time_options
 
 __all__ = ["ConversationCreateIn", "AppendIn", "ConversationController", "backfill_compress",
            "conversation_handlers", "CONVERSATION_TOOLS"]
@@ -36,6 +37,11 @@ class ConversationCreateIn(msgspec.Struct, forbid_unknown_fields=True):
 class AppendIn(msgspec.Struct, forbid_unknown_fields=True):
     #: 1-100 messages, appended in this order; each content at most 64 KiB of UTF-8.
     messages: Annotated[list[MessageIn], msgspec.Meta(min_length=1, max_length=100)]
+    #: The time of the messages that carry no created_at / ts (e.g. the date of the session being imported):
+    #: epoch milliseconds or ISO-8601. Default: the time of the append.
+    created_at: int | Annotated[str, msgspec.Meta(max_length=40)] | None = None
+    #: The session label of the messages that carry none.
+    session: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
 ConversationId = Annotated[str, Parameter(max_length=64, description="conversation id")]
@@ -85,7 +91,8 @@ class ConversationController(Controller):
           summary="Append 1-100 messages (sequences are assigned by the server, contiguous from 1)")
     async def append(self, conversation_id: ConversationId, data: AppendIn, org: OrgServices,
                      idempotency_key: IdempotencyKey = None) -> Response[AppendResult]:
-        result, replayed = await org.conversations.append(conversation_id, data.messages, idempotency_key=idempotency_key)
+        result, replayed = await org.conversations.append(conversation_id, data.messages, idempotency_key=idempotency_key,
+                                                          created_at=data.created_at, session=data.session)
         headers = {"Idempotent-Replayed": "true"} if replayed else None
         return Response(result, status_code=201, headers=headers)
 
@@ -125,6 +132,10 @@ _MESSAGE = _obj(
         "metadata": {"type": "object", "description": "any JSON object"},
         "client_id": {"type": "string", "minLength": 1, "maxLength": 128,
                       "description": "your id for this message: appending it again returns the original"},
+        "created_at": {"type": ["integer", "string"],
+                       "description": "when it was said: epoch milliseconds or ISO-8601 (default: now)"},
+        "ts": {"type": ["integer", "string"], "description": "the same as created_at"},
+        "session": {"type": "string", "minLength": 1, "maxLength": 200, "description": "your session label"},
     },
     ["role", "content"],
 )
@@ -143,7 +154,8 @@ async def _create(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 
 async def _append(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
     result, _ = await org.conversations.append(a["conversation_id"], _messages(a.get("messages")),
-                                               idempotency_key=a.get("idempotency_key"))
+                                               idempotency_key=a.get("idempotency_key"),
+                                               created_at=a.get("created_at"), session=a.get("session"))
     return to_plain(result)
 
 
@@ -164,7 +176,8 @@ async def _delete(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 async def _search(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
     kinds = ("conversation", "thought") if a.get("include_thoughts") else ("conversation",)
     return to_plain(await org.search.search(
-        SearchOptions(query=a["query"], top_k=a.get("top_k", 10), kinds=kinds, parent_id=a.get("conversation_id"))
+        SearchOptions(query=a["query"], top_k=a.get("top_k", 10), kinds=kinds, parent_id=a.get("conversation_id"),
+                      **time_options(a.get("from"), a.get("to"), a.get("reference_time")))
     ))
 
 
@@ -181,7 +194,11 @@ CONVERSATION_TOOLS: list[McpTool] = [
         _obj({"conversation_id": _CID,
               "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": 100},
               "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 255,
-                                  "description": "the same key and messages again return the original result"}},
+                                  "description": "the same key and messages again return the original result"},
+              "created_at": {"type": ["integer", "string"],
+                             "description": "time of the messages without their own (e.g. the session's date)"},
+              "session": {"type": "string", "minLength": 1, "maxLength": 200,
+                          "description": "session label of the messages without their own"}},
              ["conversation_id", "messages"]),
         output_schema(AppendResult), _append,
     ),
@@ -206,10 +223,16 @@ CONVERSATION_TOOLS: list[McpTool] = [
     ),
     McpTool(
         "search_conversations", "read",
-        "Search conversations by meaning and keywords (optionally one conversation, optionally thoughts too). Each hit "
-        "has the original messages of a window and best_sequence, the message that best matches the query.",
+        "Search conversations by meaning and keywords (optionally one conversation, optionally thoughts too). Hits are "
+        "single messages, best first, not crowded by neighbours of one hit: best_sequence / message_id name the message, "
+        "messages is the window around it. from / to filter on when messages were said; relative dates in the "
+        "query ('last week') favour messages of that range.",
         _obj({"query": {"type": "string", "minLength": 1, "maxLength": 4000},
               "conversation_id": _CID,
+              "from": {"type": ["integer", "string"], "description": "epoch ms or ISO-8601: said at or after"},
+              "to": {"type": ["integer", "string"], "description": "epoch ms or ISO-8601: said at or before"},
+              "reference_time": {"type": ["integer", "string"],
+                                 "description": "what relative dates in the query are relative to (default now)"},
               "top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
               "include_thoughts": {"type": "boolean", "default": False}}, ["query"]),
         output_schema(SearchResult), _search,

@@ -33,6 +33,13 @@ class MessageIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     metadata: dict[str, Any] | None = None
     #: The caller's own id for this message: appending it again (a retry) returns the original instead.
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    #: When the message was said: epoch milliseconds, or an ISO-8601 date or date-time (no offset: UTC).
+    #: Default: the append's own ``created_at``, else the time of the append. Search filters on it (from / to).
+    created_at: int | str | None = None
+    #: The same as ``created_at`` (one or the other).
+    ts: int | str | None = None
+    #: Your label for the session the message belongs to (e.g. "session 4" or a date); default: the append's.
+    session: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
 class Conversation(msgspec.Struct, kw_only=True):
@@ -53,7 +60,9 @@ class Message(msgspec.Struct, kw_only=True):
     content: str
     metadata: dict[str, Any]
     client_id: str | None
+    #: Epoch ms: the time given on append (created_at / ts), else the time of the append.
     created_at: int
+    session: str | None = None
 
 
 class ConversationDetail(Conversation, kw_only=True):

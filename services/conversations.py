@@ -21,6 +21,13 @@ batch commits (their rows are gone, so search already ignores them; if that dele
 reconcile removes them). The embedding job then embeds every pending window of the conversation.
 A window whose text exceeds the embedder's ``max_tokens`` is embedded truncated by the model (its keyword
 row holds the whole text).
+
+Every message is also one chunk of kind ``turn`` (migration 0008: ``[role]: content``, ordinal and sequence range
+= its sequence), inserted in the same append batch by one statement and embedded by the same job, so search can
+score single messages by keywords and by meaning, not only windows (``services.conversation_search``). Turns
+never change, so re-chunking leaves them alone. A message keeps its own time: ``created_at`` (or ``ts``) given on
+append (epoch ms or ISO-8601, ``services.temporal.parse_time``), else the append's default, else now; and an
+optional ``session`` label.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from services.ids import new_id, now_ms
 from services.models import IndexingState
 from services.ports import Embedder, Statement
 from services.scoped import OrgSql, OrgVectors
+from services.temporal import parse_time
 from services.thoughts import EMBED_JOB, check_metadata
 
 __all__ = [
@@ -133,6 +141,7 @@ def message_from_row(r: dict[str, Any]) -> Message:
         metadata=json.loads(r["metadata"] or "{}"),
         client_id=r["client_id"],
         created_at=r["created_at"],
+        session=r.get("session"),
     )
 
 
@@ -143,7 +152,11 @@ def _conversation_from_row(r: dict[str, Any]) -> Conversation:
     )
 
 
-_MESSAGE_COLUMNS = "id, conversation_id, sequence, role, content, content_encoding, metadata, client_id, created_at"
+_MESSAGE_COLUMNS = (
+    "id, conversation_id, sequence, role, content, content_encoding, metadata, client_id, created_at, session"
+)
+#: Chunk kinds of a conversation: its windows and its single turns (migration 0008).
+CHUNK_KINDS = "('conversation', 'turn')"
 _CONVERSATION_COLUMNS = "id, title, metadata, message_count, created_at, updated_at"
 _GATE = "EXISTS (SELECT 1 FROM conversations WHERE organization_id = ?1 AND id = ?2 AND append_token = ?3)"
 
@@ -156,6 +169,8 @@ class _Prepared:
     encoding: str
     metadata: str
     client_id: str | None
+    created_at: int | None = None
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +234,7 @@ class Conversations:
         page = await self._page(conversation_id, from_sequence, None, limit)
         counts = await self.sql.one(
             "SELECT COUNT(*) AS total, COUNT(CASE WHEN indexed_at IS NOT NULL AND vector_mutation IS NULL THEN 1 END) "
-            "AS done FROM chunks WHERE organization_id = ?1 AND kind = 'conversation' AND parent_id = ?2",
+            f"AS done FROM chunks WHERE organization_id = ?1 AND kind IN {CHUNK_KINDS} AND parent_id = ?2",
             [conversation_id],
         )
         total, done = counts["total"], counts["done"]
@@ -291,7 +306,7 @@ class Conversations:
             await self.vectors.delete_by_ids(ids)
             res = await self.sql.batch([
                 self.sql.stmt(
-                    "DELETE FROM chunks WHERE organization_id = ?1 AND kind = 'conversation' AND parent_id = ?2 RETURNING id",
+                    f"DELETE FROM chunks WHERE organization_id = ?1 AND kind IN {CHUNK_KINDS} AND parent_id = ?2 RETURNING id",
                     conversation_id,
                 ),
                 self.sql.stmt("DELETE FROM conversations WHERE organization_id = ?1 AND id = ?2", conversation_id),
@@ -302,19 +317,29 @@ class Conversations:
 
     async def _chunk_ids(self, conversation_id: str) -> list[str]:
         rows = await self.sql.rows(
-            "SELECT id FROM chunks WHERE organization_id = ?1 AND kind = 'conversation' AND parent_id = ?2", [conversation_id]
+            f"SELECT id FROM chunks WHERE organization_id = ?1 AND kind IN {CHUNK_KINDS} AND parent_id = ?2", [conversation_id]
         )
         return [r["id"] for r in rows]
 
     # -- append ------------------------------------------------------------------------------------
 
     async def append(
-        self, conversation_id: str, messages: Sequence[MessageIn], *, idempotency_key: str | None = None
+        self, conversation_id: str, messages: Sequence[MessageIn], *, idempotency_key: str | None = None,
+        created_at: int | str | None = None, session: str | None = None,
     ) -> tuple[AppendResult, bool]:
         """Append 1-100 messages. Returns ``(result, replayed)``: ``replayed`` is True when the
-        Idempotency-Key was seen before and ``result`` is the original response."""
+        Idempotency-Key was seen before and ``result`` is the original response. ``created_at`` and ``session``
+        are the defaults of the messages that carry none (a session's date and label)."""
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 255:
             raise InvalidInput("Idempotency-Key must be 1-255 characters", details={"field": "Idempotency-Key"})
+        default_at = parse_time(created_at, "created_at")
+        if session is not None and (not isinstance(session, str) or not 1 <= len(session) <= 200):
+            raise InvalidInput("session must be 1-200 characters", details={"field": "session"})
+        messages = [m if (m.created_at is not None or m.ts is not None or default_at is None)
+                    and (m.session is not None or session is None)
+                    else msgspec.structs.replace(m, created_at=m.created_at if m.created_at is not None or m.ts is not None
+                                                 else default_at, session=m.session or session)
+                    for m in messages] if isinstance(messages, (list, tuple)) else messages
         items = await self._prepare(messages)
         request_hash = _request_hash(conversation_id, messages)
         async with self.locks.hold((self.sql.org_id, conversation_id)):
@@ -357,16 +382,22 @@ class Conversations:
             except (InvalidInput, PayloadTooLarge) as exc:
                 exc.details["field"] = f"messages[{i}].metadata"
                 raise
-            checked.append((m, data, meta))
+            at = parse_time(m.created_at, f"messages[{i}].created_at")
+            ts = parse_time(m.ts, f"messages[{i}].ts")
+            if at is not None and ts is not None and at != ts:
+                raise InvalidInput("created_at and ts differ; give one", details={"field": f"messages[{i}].ts"})
+            if m.session is not None and (not isinstance(m.session, str) or not 1 <= len(m.session) <= 200):
+                raise InvalidInput("session must be 1-200 characters", details={"field": f"messages[{i}].session"})
+            checked.append((m, data, meta, at if at is not None else ts))
 
         def encode_all() -> list[_Prepared]:
             out = []
-            for m, _, meta in checked:
+            for m, _, meta, at in checked:
                 stored, encoding = encode_content(m.content)
-                out.append(_Prepared(m.role, m.content, stored, encoding, meta, m.client_id))
+                out.append(_Prepared(m.role, m.content, stored, encoding, meta, m.client_id, at, m.session))
             return out
 
-        if sum(len(d) for _, d, _ in checked) > _OFF_LOOP_BYTES:
+        if sum(len(d) for _, d, _, _ in checked) > _OFF_LOOP_BYTES:
             return await anyio.to_thread.run_sync(encode_all)
         return encode_all()
 
@@ -445,6 +476,7 @@ class Conversations:
             )
         ]
         seq = last
+        turns: list[list[Any]] = []
         for index, item in enumerate(items):
             if item.client_id is not None and item.client_id in snap.existing:
                 continue
@@ -454,10 +486,22 @@ class Conversations:
             lines[seq] = (item.role, item.content)
             stmts.append(self.sql.stmt(
                 "INSERT INTO messages (organization_id, id, conversation_id, sequence, role, content, content_encoding, "
-                f"metadata, client_id, created_at) SELECT ?1, ?4, ?2, ?5, ?6, ?7, ?8, ?9, ?10, ?11 WHERE {_GATE}",
-                cid, token, mid, seq, item.role, item.stored, item.encoding, item.metadata, item.client_id, now,
+                f"metadata, client_id, created_at, session) SELECT ?1, ?4, ?2, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 "
+                f"WHERE {_GATE}",
+                cid, token, mid, seq, item.role, item.stored, item.encoding, item.metadata, item.client_id,
+                item.created_at if item.created_at is not None else now, item.session,
             ))
+            text = format_line(item.role, item.content)
+            turns.append([new_id(), seq, text, self.embedder.count_tokens(text)])
         new_last = seq
+        # One turn chunk per new message, in one statement (the keyword rows follow by chunks' trigger).
+        stmts.append(self.sql.stmt(
+            "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count, start_sequence, "
+            "end_sequence) SELECT ?1, json_extract(t.value, '$[0]'), 'turn', ?2, json_extract(t.value, '$[1]'), "
+            "json_extract(t.value, '$[2]'), json_extract(t.value, '$[3]'), json_extract(t.value, '$[1]'), "
+            f"json_extract(t.value, '$[1]') FROM json_each(?4) AS t WHERE {_GATE}",
+            cid, token, json.dumps(turns, ensure_ascii=False),
+        ))
         if snap.old_chunk_ids:
             stmts.append(self.sql.stmt(
                 f"DELETE FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4)) AND {_GATE}",
@@ -496,7 +540,7 @@ class Conversations:
                 f"created_at) SELECT ?1, ?4, ?2, ?5, ?6, ?7 WHERE {_GATE}",
                 cid, token, key, request_hash, msgspec.json.encode(result).decode(), now,
             ))
-        if windows:
+        if windows or turns:
             stmts.append(self.sql.stmt(
                 "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) "
                 f"SELECT ?1, ?4, ?2, ?5, ?5 WHERE {_GATE} AND NOT EXISTS (SELECT 1 FROM jobs WHERE organization_id = ?1 "
@@ -558,7 +602,9 @@ class Conversations:
 
 
 def _request_hash(conversation_id: str, messages: Sequence[MessageIn]) -> str:
-    body = [[m.role, m.content, m.metadata, m.client_id] for m in messages]
+    body = [[m.role, m.content, m.metadata, m.client_id,
+             *([[m.created_at, m.ts, m.session]] if (m.created_at, m.ts, m.session) != (None, None, None) else [])]
+            for m in messages]
     raw = json.dumps([conversation_id, body], ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
