@@ -22,6 +22,7 @@ from services.errors import RateLimited
 from services.ids import now_ms
 from services.models import CaptureResult, ThoughtDetail, ThoughtPage
 from services.search import SearchOptions
+from services.temporal import time_options
 from tenancy.keys import KeyRecord
 from tenancy.ratelimit import WindowLimiter
 
@@ -174,7 +175,7 @@ async def _search(data: SearchIn, org: OrgServices) -> SearchOut:
     res = await org.search.search(
         SearchOptions(query=data.query, top_k=data.top_k, tags=data.tags, kinds=data.kinds,
                       parent_id=data.conversation_id, include_content=data.include_content, explain=data.explain,
-                      min_score=data.min_score)
+                      min_score=data.min_score, **time_options(data.time_from, data.time_to, data.reference_time))
     )
     return SearchOut(res.query, res.results)
 

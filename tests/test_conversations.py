@@ -718,3 +718,141 @@ def test_openapi_lists_the_conversation_operations(hlive, http):
     ops = {op["operationId"] for path in doc["paths"].values() for op in path.values() if isinstance(op, dict) and "operationId" in op}
     assert {"createConversation", "listConversations", "getConversation", "deleteConversation", "appendMessages",
             "listMessages", "backfillCompress"} <= ops
+
+
+# -- turn-level retrieval, message times (issue 9, item 4) ----------------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+def _search(http, org, query, **body):
+    r = http.post("/v1/search", json={"query": query, "kinds": ["conversation"], **body}, headers=org.headers)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+def test_search_lists_the_best_message_first_with_its_id_and_window(hlive, a, http):
+    cid = _create(http, a, title="Offsite")
+    appended = _append(http, a, cid, [{"role": r, "content": c} for r, c in FACTS]).json()["messages"]
+    _wait_indexed(hlive, a, cid)
+    hits = _search(http, a, "caterers vegetarian gluten-free shortlist")
+    top = hits[0]
+    assert top["best_sequence"] == 10 and top["message_id"] == appended[9]["id"]
+    assert top["conversation_id"] == cid and top["chunk_content"] == f"[assistant]: {FACTS[9][1]}"
+    # the window around the message: +-2, clipped to the conversation
+    assert (top["start_sequence"], top["end_sequence"]) == (8, 10)
+    assert [m["sequence"] for m in top["messages"]] == [8, 9, 10]
+    assert next(m for m in top["messages"] if m["sequence"] == 10)["id"] == top["message_id"]
+    # every hit is another message, best first
+    assert len({(h["conversation_id"], h["best_sequence"]) for h in hits}) == len(hits)
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+
+def test_top_results_are_not_ten_neighbours_of_one_hit(hlive, a, http):
+    cid = _create(http, a)
+    cluster = [{"role": "user" if i % 2 == 0 else "assistant", "session": "s1",
+                "content": f"kayak rental paddle notes part {i}: the kayak paddle rental shop on the river"} for i in range(12)]
+    _append(http, a, cid, cluster)
+    for label in ("s2", "s3"):
+        body = {"session": label, "messages": _msgs(6, prefix=f"{label} chat") + [
+            {"role": "user", "content": f"In {label} we booked the kayak paddle rental for the river again"}] + _msgs(6, prefix=f"{label} more")}
+        assert http.post(f"/v1/conversations/{cid}/messages", json=body, headers=a.headers).status_code == 201
+    _wait_indexed(hlive, a, cid)
+    hits = _search(http, a, "kayak paddle rental river", conversation_id=cid)
+    assert len(hits) == 10
+    sessions = {m["session"] for h in hits for m in h["messages"] if m["sequence"] == h["best_sequence"]}
+    assert {"s1", "s2", "s3"} <= sessions
+    in_cluster = [h["best_sequence"] for h in hits if h["best_sequence"] <= 12]
+    assert len(in_cluster) < 10
+
+
+def test_created_at_round_trip_and_from_to_filters(hlive, a, http):
+    cid = _create(http, a)
+    body = {"created_at": "2024-03-04", "session": "2024-03-04", "messages": [
+        {"role": "user", "content": "We decided to move the standup to ten for the Lisbon team", "created_at": "2024-03-04T09:30:00Z"},
+        {"role": "assistant", "content": "Noted, standup at ten with Lisbon", "ts": 1709545200000},
+        {"role": "user", "content": "And the Lisbon retro moves to Fridays"},
+    ]}
+    r = http.post(f"/v1/conversations/{cid}/messages", json=body, headers=a.headers)
+    assert r.status_code == 201, r.text
+    r = http.post(f"/v1/conversations/{cid}/messages", headers=a.headers, json={"messages": [
+        {"role": "user", "content": "Lisbon standup is back at nine", "created_at": "2024-05-20T08:00:00+02:00", "session": "may"}]})
+    assert r.status_code == 201, r.text
+    msgs = _all_messages(http, a, cid)
+    assert [m["created_at"] for m in msgs] == [1709544600000, 1709545200000, 1709510400000, 1716184800000]
+    assert [m["session"] for m in msgs] == ["2024-03-04", "2024-03-04", "2024-03-04", "may"]
+    _wait_indexed(hlive, a, cid)
+
+    def seqs(**bounds):
+        return sorted(h["best_sequence"] for h in _search(http, a, "Lisbon standup", conversation_id=cid, **bounds))
+
+    assert seqs() == [1, 2, 3, 4]
+    assert seqs(**{"from": "2024-05-01"}) == [4]
+    assert seqs(to="2024-03-31T23:59:59Z") == [1, 2, 3]
+    assert seqs(**{"from": 1709544600000, "to": 1709545200000}) == [1, 2]
+    assert seqs(**{"from": "2025-01-01"}) == []
+    # the hit's messages carry their own times
+    assert all(m["created_at"] in (1709544600000, 1709545200000) for h in _search(
+        http, a, "Lisbon standup", **{"from": 1709544600000, "to": 1709545200000}) for m in h["messages"]
+        if m["sequence"] == h["best_sequence"])
+
+
+def test_a_relative_date_in_the_query_favours_messages_of_that_range(hlive, a, http):
+    cid = _create(http, a)
+    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the billing service", "created_at": "2024-01-10"}])
+    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the reporting service", "created_at": "2024-03-04"}])
+    _wait_indexed(hlive, a, cid)
+    query = "what did we decide about Postgres last week"
+    # min_score 0: the hash embedder's vectors are too weak for the relevance floor on this short query
+    hits = _search(http, a, query, reference_time="2024-01-16T12:00:00Z", explain=True, min_score=0)
+    assert hits[0]["best_sequence"] == 1 and hits[0]["explain"]["date_boost"] is True
+    assert hits[0]["explain"]["date_text"] == "last week"
+    hits = _search(http, a, query, reference_time="2024-03-12T12:00:00Z", min_score=0)
+    assert hits[0]["best_sequence"] == 2
+
+
+def test_bad_times_are_4xx_and_append_nothing(hlive, a, http):
+    cid = _create(http, a)
+    for message in [
+        {"role": "user", "content": "x", "created_at": "yesterday"},
+        {"role": "user", "content": "x", "created_at": 1709545200},  # seconds, not milliseconds
+        {"role": "user", "content": "x", "created_at": 1.5},
+        {"role": "user", "content": "x", "created_at": -5},
+        {"role": "user", "content": "x", "created_at": "2024-02-30"},
+        {"role": "user", "content": "x", "created_at": "2024-03-04", "ts": "2024-03-05"},
+        {"role": "user", "content": "x", "session": ""},
+    ]:
+        err = assert_error(_append(http, a, cid, [message]), 400)
+        assert err["code"] in ("invalid_input", "validation_error", "bad_request"), err
+    assert_error(http.post(f"/v1/conversations/{cid}/messages", json={"created_at": "soon", "messages": _msgs(1)},
+                           headers=a.headers), 400)
+    assert _all_messages(http, a, cid) == []
+    for bounds in [{"from": "garbage"}, {"to": 12}, {"from": "2024-05-01", "to": "2024-04-01"}, {"reference_time": "x"},
+                   {"from": True}]:
+        assert_error(http.post("/v1/search", json={"query": "x", "kinds": ["conversation"], **bounds}, headers=a.headers), 400)
+
+
+async def test_turns_and_times_of_another_org_are_invisible(hlive, a, b, http):
+    cid = _create(http, a)
+    _append(http, a, cid, [{"role": "user", "content": "The vault combination is 4471 zebra", "created_at": "2024-03-04",
+                            "session": "secret"}])
+    _wait_indexed(hlive, a, cid)
+    assert _search(http, a, "vault combination zebra")[0]["conversation_id"] == cid
+    # b: nothing, whatever the filters; a's conversation id is 404 (not 403)
+    assert _search(http, b, "vault combination zebra") == []
+    assert _search(http, b, "vault combination zebra", **{"from": "2024-01-01", "to": "2024-12-31"}) == []
+    assert_error(http.post("/v1/search", json={"query": "vault", "kinds": ["conversation"], "conversation_id": cid,
+                                               "from": "2024-01-01"}, headers=b.headers), 404, "not_found")
+    assert_error(_append(http, b, cid, [{"role": "user", "content": "x", "created_at": "2024-03-04"}]), 404, "not_found")
+    async with mcp_session(b.mcp_url, b.headers) as s:
+        res = await s.call_tool("search_conversations", {"query": "vault zebra", "conversation_id": cid, "from": "2024-01-01"})
+        assert res.isError and json.loads(res.content[0].text)["error"]["code"] == "not_found"
+        res = await s.call_tool("search_conversations", {"query": "vault zebra", "from": "2024-01-01", "to": "2024-12-31"})
+        assert res.structuredContent["results"] == []
+    async with mcp_session(a.mcp_url, a.headers) as s:
+        res = await s.call_tool("search_conversations", {"query": "vault zebra", "from": "2024-03-01", "to": "2024-03-31"})
+        assert [h["conversation_id"] for h in res.structuredContent["results"]] == [cid]
+        res = await s.call_tool("search_conversations", {"query": "vault zebra", "from": "2024-04-01"})
+        assert res.structuredContent["results"] == []
+        bad = await s.call_tool("search_conversations", {"query": "vault", "from": 12})
+        assert bad.isError and json.loads(bad.content[0].text)["error"]["code"] == "invalid_input"
