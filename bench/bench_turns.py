@@ -113,6 +113,9 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
             svc = memex.for_org(ctx)
             print(f"product: embedder {type(memex.backend.embedder).__name__} ({memex.backend.embedder.model_id}); "
                   f"message times {'given (created_at, session)' if timed else 'not supported by this version'}")
+            print("knobs: none (product defaults; the worker is drained in-process instead of polling); the "
+                  f"{sum(1 for q in data.questions if q.reference_time)} relative questions pass reference_time"
+                  f"{'' if relative else ' (not supported by this version: not passed)'}")
             t0 = time.perf_counter()
             ids: list[str] = []
             for ci, sessions in enumerate(data.conversations):
