@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ RERANK_DEPTH = 30
 #: The relevance floor's keyword side: a hit whose vector evidence is weak (cosine below the embedder's
 #: ``relevance_floor``) is kept only when its text holds at least this share of the query's content words.
 KEYWORD_COVERAGE_FLOOR = 2 / 3
+#: Document frequencies for the floor's IDF weights are counted up to this (a word in more documents is common).
+DF_CAP = 1000
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(
     "a an and are as at be but by for from has have how i in is it its of on or that the this to was what when "
@@ -242,7 +245,9 @@ class Search:
             ranked = [c for i, c in enumerate(ranked)
                       if i < cut or (kind_of[c.kind] in deep and i < self.hydrators[kind_of[c.kind]].depth)]
         if opts.min_score is None:
-            ranked = await self._relevance_floor(query, ranked)
+            # the vector side's cut-off bounds the cosine of a candidate it did not return (when it was cut)
+            vector_cut = min((r[3] for r in vector), default=None) if len(vector) >= VECTOR_DEPTH else None
+            ranked = await self._relevance_floor(query, ranked, vector_cut)
 
         hits: list[SearchHit] = []
         for kind in kinds:
@@ -260,36 +265,48 @@ class Search:
             hits = [h for h in hits if h.score >= opts.min_score]
         return SearchResult(query=query, results=hits[: opts.top_k])
 
-    async def _relevance_floor(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
-        """Drop candidates whose evidence is weak on both sides: cosine below the embedder's ``relevance_floor``
-        (or no vector: not indexed yet, or below the vector side's depth) and fewer than
-        ``KEYWORD_COVERAGE_FLOOR`` of the query's content words in their text. Fusion normalises each side by
+    async def _relevance_floor(self, query: str, ranked: list[Candidate], vector_cut: float | None) -> list[Candidate]:
+        """Drop candidates whose evidence is weak on both sides. A cosine at the embedder's ``relevance_floor``
+        keeps a candidate on its own, and so does ``KEYWORD_COVERAGE_FLOOR`` of the query's content words (IDF
+        weighted) in its text; below both, the two add up in proportion: ``cosine / floor + coverage /
+        KEYWORD_COVERAGE_FLOOR >= 1``. A candidate the vector side did not return has a cosine of at most
+        ``vector_cut`` (the lowest it returned, when it was cut at its depth), counted as its cosine; without a
+        bound (an exhaustive vector list: it is not indexed yet) only its keywords count. Fusion normalises each side by
         its best score, so without a floor the best of nothing looks like a perfect match. An embedder without
         a calibrated floor (``relevance_floor`` None) keeps everything."""
         floor = getattr(self.embedder, "relevance_floor", None)
         if floor is None:
             return ranked
         for c in ranked:
-            c.evidence = "vector" if c.vector_score is not None and c.vector_score >= floor else None
+            cosine = c.vector_score if c.vector_score is not None else vector_cut
+            c.evidence = "vector" if cosine is not None and cosine >= floor else None
         weak = [c for c in ranked if c.evidence is None]
         if not weak:
             return ranked
         coverage = await self._coverage(query_terms(query), weak)
         for c in weak:
             c.coverage = coverage.get((c.kind, c.parent_id if c.kind == "thought" else c.chunk_id), 0.0)
-            if c.coverage >= KEYWORD_COVERAGE_FLOOR:
-                c.evidence = "keyword"
+            cosine = c.vector_score if c.vector_score is not None else (vector_cut or 0.0)
+            # each side counts in proportion: a fair cosine needs fewer of the query's words, and none at all
+            # needs KEYWORD_COVERAGE_FLOOR of them
+            if max(cosine, 0.0) / floor + c.coverage / KEYWORD_COVERAGE_FLOOR >= 1.0:
+                c.evidence = "vector+keyword" if cosine > 0 and c.coverage > 0 else "keyword"
         return [c for c in ranked if c.evidence is not None]
 
     async def _coverage(self, terms: list[str], candidates: list[Candidate]) -> dict[tuple[str, str], float]:
-        """Share of ``terms`` each candidate's text holds, by FTS5 itself (same tokenizer and stemming as the
-        keyword side): whole documents for thoughts, the chunk for other kinds. One statement per table."""
+        """IDF-weighted share of ``terms`` each candidate's text holds, by FTS5 itself (same tokenizer and
+        stemming as the keyword side): whole documents for thoughts, the chunk for other kinds. A word the
+        organization rarely writes weighs more than a common one, and a word it never wrote most: a query's
+        unknown words ("Lisbon flights") are missing evidence, its common ones ("how", "set", "up") are noise.
+        idf = ln(1 + (N - df + 0.5) / (df + 0.5)), df counted up to DF_CAP. Two statements per table."""
         if not terms:
             return {}
         quoted = json.dumps([f'"{t}"' for t in terms])
-        matched: dict[tuple[str, str], set[int]] = {}
+        out: dict[tuple[str, str], float] = {}
         docs = [c.parent_id for c in candidates if c.kind == "thought"]
         if docs:
+            idf = await self._idf(quoted, "documents_fts", "SELECT COUNT(*) AS n FROM documents WHERE organization_id = ?1")
+            matched: dict[str, set[int]] = {}
             for r in await self.sql.rows(
                 "SELECT j.key AS term, k.document_id AS id FROM json_each(?2) AS j "
                 "JOIN documents_fts ON documents_fts MATCH j.value "
@@ -298,9 +315,13 @@ class Search:
                 "AND k.document_id IN (SELECT value FROM json_each(?3))",
                 [quoted, json.dumps(docs)],
             ):
-                matched.setdefault(("thought", r["id"]), set()).add(r["term"])
+                matched.setdefault(r["id"], set()).add(r["term"])
+            total = sum(idf) or 1.0
+            out.update({("thought", d): sum(idf[t] for t in found) / total for d, found in matched.items()})
         chunks = {c.chunk_id: c.kind for c in candidates if c.kind != "thought"}
         if chunks:
+            idf = await self._idf(quoted, "chunks_fts", "SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1")
+            matched = {}
             for r in await self.sql.rows(
                 "SELECT j.key AS term, c.id AS id FROM json_each(?2) AS j "
                 "JOIN chunks_fts ON chunks_fts MATCH j.value JOIN chunks AS c ON c.pk = chunks_fts.rowid "
@@ -308,8 +329,21 @@ class Search:
                 "AND c.id IN (SELECT value FROM json_each(?3))",
                 [quoted, json.dumps(list(chunks))],
             ):
-                matched.setdefault((chunks[r["id"]], r["id"]), set()).add(r["term"])
-        return {key: len(found) / len(terms) for key, found in matched.items()}
+                matched.setdefault(r["id"], set()).add(r["term"])
+            total = sum(idf) or 1.0
+            out.update({(chunks[c], c): sum(idf[t] for t in found) / total for c, found in matched.items()})
+        return out
+
+    async def _idf(self, quoted: str, table: str, count_sql: str) -> list[float]:
+        """Each term's inverse document frequency in this organization's ``table`` (documents_fts or chunks_fts)."""
+        n = (await self.sql.one(count_sql, []))["n"]
+        rows = await self.sql.rows(
+            f"SELECT j.key AS term, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value "
+            f"AND {table}.organization_id = ?1 LIMIT {DF_CAP})) AS df FROM json_each(?2) AS j",
+            [quoted],
+        )
+        df = {r["term"]: r["df"] for r in rows}
+        return [math.log(1 + (n - df.get(i, 0) + 0.5) / (df.get(i, 0) + 0.5)) for i in range(len(json.loads(quoted)))]
 
     async def _rerank_hits(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         """The second stage: the configured reranker rescores the first ``RERANK_DEPTH`` hits (best fused first)

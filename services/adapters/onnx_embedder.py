@@ -104,7 +104,7 @@ class OnnxMiniLMEmbedder:
 
     model_id: str = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"
     #: Cosine below which a match is weak evidence (services.search's relevance floor); see bench/README.md.
-    relevance_floor: float = 0.3
+    relevance_floor: float = 0.35
     dimensions: int = 384
     max_tokens: int = 256
 
