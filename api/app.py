@@ -118,13 +118,36 @@ def _all_structs(base: type) -> list[type]:
     return out
 
 
+_JSON_TO_SPEC = {"minimum": "minimum", "maximum": "maximum", "pattern": "pattern", "maxLength": "max_length",
+                 "minLength": "min_length", "description": "description"}
+
+
+def _primitive_schema(d: dict):
+    from litestar.openapi.spec import Schema
+    from litestar.openapi.spec.enums import OpenAPIType
+
+    return Schema(type=OpenAPIType(d["type"]), **{_JSON_TO_SPEC[k]: v for k, v in d.items() if k in _JSON_TO_SPEC})
+
+
 def _close_request_objects(app: Litestar) -> None:
     """Request Structs declared with forbid_unknown_fields reject unknown fields: say so in the schema
-    (additionalProperties: false), which Litestar's generator leaves out."""
+    (additionalProperties: false), which Litestar's generator leaves out. Litestar also drops the constraints
+    of a union's members (``int >= x | str matching p``): those properties take msgspec's own schema, which
+    is exactly what msgspec validates."""
     import msgspec
 
-    closed = {cls.__name__ for cls in _all_structs(msgspec.Struct) if cls.__struct_config__.forbid_unknown_fields}
+    closed = {cls.__name__: cls for cls in _all_structs(msgspec.Struct) if cls.__struct_config__.forbid_unknown_fields}
     components = app.openapi_schema.components.schemas or {}
     for name, schema in components.items():
-        if name in closed:
-            schema.additional_properties = False
+        if name not in closed:
+            continue
+        schema.additional_properties = False
+        exact = msgspec.json.schema(closed[name])
+        props = exact.get("$defs", {}).get(name, exact).get("properties", {})
+        for field, spec in (schema.properties or {}).items():
+            members = props.get(field, {}).get("anyOf")
+            if not members or any("type" not in m or set(m) - set(_JSON_TO_SPEC) - {"type"} for m in members):
+                continue
+            if not any(set(m) & {"minimum", "maximum", "pattern", "maxLength", "minLength"} for m in members):
+                continue
+            spec.one_of = [_primitive_schema(m) for m in members]

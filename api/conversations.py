@@ -23,7 +23,7 @@ from services.conversation_models import (
 from services.errors import InvalidInput
 from services.models import SearchResult
 from services.search import SearchOptions
-from services.temporal import time_options
+from services.temporal import TIME_JSON_SCHEMA, TimeValue, time_options
 
 __all__ = ["ConversationCreateIn", "AppendIn", "ConversationController", "backfill_compress",
            "conversation_handlers", "CONVERSATION_TOOLS"]
@@ -39,7 +39,7 @@ class AppendIn(msgspec.Struct, forbid_unknown_fields=True):
     messages: Annotated[list[MessageIn], msgspec.Meta(min_length=1, max_length=100)]
     #: The time of the messages that carry no created_at / ts (e.g. the date of the session being imported):
     #: epoch milliseconds or ISO-8601. Default: the time of the append.
-    created_at: int | Annotated[str, msgspec.Meta(max_length=40)] | None = None
+    created_at: TimeValue | None = None
     #: The session label of the messages that carry none.
     session: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
@@ -132,9 +132,8 @@ _MESSAGE = _obj(
         "metadata": {"type": "object", "description": "any JSON object"},
         "client_id": {"type": "string", "minLength": 1, "maxLength": 128,
                       "description": "your id for this message: appending it again returns the original"},
-        "created_at": {"type": ["integer", "string"],
-                       "description": "when it was said: epoch milliseconds or ISO-8601 (default: now)"},
-        "ts": {"type": ["integer", "string"], "description": "the same as created_at"},
+        "created_at": {**TIME_JSON_SCHEMA, "description": "when it was said: epoch milliseconds or ISO-8601 (default: now)"},
+        "ts": {**TIME_JSON_SCHEMA, "description": "the same as created_at"},
         "session": {"type": "string", "minLength": 1, "maxLength": 200, "description": "your session label"},
     },
     ["role", "content"],
@@ -195,8 +194,7 @@ CONVERSATION_TOOLS: list[McpTool] = [
               "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": 100},
               "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 255,
                                   "description": "the same key and messages again return the original result"},
-              "created_at": {"type": ["integer", "string"],
-                             "description": "time of the messages without their own (e.g. the session's date)"},
+              "created_at": {**TIME_JSON_SCHEMA, "description": "time of the messages without their own (e.g. the session's date)"},
               "session": {"type": "string", "minLength": 1, "maxLength": 200,
                           "description": "session label of the messages without their own"}},
              ["conversation_id", "messages"]),
@@ -229,10 +227,9 @@ CONVERSATION_TOOLS: list[McpTool] = [
         "query ('last week') favour messages of that range.",
         _obj({"query": {"type": "string", "minLength": 1, "maxLength": 4000},
               "conversation_id": _CID,
-              "from": {"type": ["integer", "string"], "description": "epoch ms or ISO-8601: said at or after"},
-              "to": {"type": ["integer", "string"], "description": "epoch ms or ISO-8601: said at or before"},
-              "reference_time": {"type": ["integer", "string"],
-                                 "description": "what relative dates in the query are relative to (default now)"},
+              "from": {**TIME_JSON_SCHEMA, "description": "epoch ms or ISO-8601: said at or after"},
+              "to": {**TIME_JSON_SCHEMA, "description": "epoch ms or ISO-8601: said at or before"},
+              "reference_time": {**TIME_JSON_SCHEMA, "description": "what relative dates in the query are relative to (default now)"},
               "top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
               "include_thoughts": {"type": "boolean", "default": False}}, ["query"]),
         output_schema(SearchResult), _search,

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from services.temporal import TimeValue
+
 from services.models import SearchHit
 
 __all__ = [
@@ -83,12 +85,12 @@ class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     min_score: Annotated[float, msgspec.Meta(ge=0, le=10)] | None = None
     #: Only conversation messages said (created_at) at or after this time, and thoughts captured then: epoch
     #: milliseconds or an ISO-8601 date / date-time (no offset: UTC).
-    time_from: int | Annotated[str, msgspec.Meta(max_length=40)] | None = msgspec.field(default=None, name="from")
+    time_from: TimeValue | None = msgspec.field(default=None, name="from")
     #: Only those said at or before this time (inclusive; a date alone is its midnight UTC).
-    time_to: int | Annotated[str, msgspec.Meta(max_length=40)] | None = msgspec.field(default=None, name="to")
+    time_to: TimeValue | None = msgspec.field(default=None, name="to")
     #: What relative dates in the query ("last week", "in March") are relative to; default: now. Such a date
     #: boosts the messages said in its range (it never filters).
-    reference_time: int | Annotated[str, msgspec.Meta(max_length=40)] | None = None
+    reference_time: TimeValue | None = None
 
 
 class SearchOut(msgspec.Struct):

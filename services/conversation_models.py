@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import msgspec
 
 from services.models import IndexingState
+from services.temporal import TimeValue
 
 __all__ = [
     "ROLES",
@@ -35,9 +36,9 @@ class MessageIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     #: When the message was said: epoch milliseconds, or an ISO-8601 date or date-time (no offset: UTC).
     #: Default: the append's own ``created_at``, else the time of the append. Search filters on it (from / to).
-    created_at: int | str | None = None
-    #: The same as ``created_at`` (one or the other).
-    ts: int | str | None = None
+    created_at: TimeValue | None = None
+    #: The same as ``created_at``, for clients that call it so (created_at wins when both are given).
+    ts: TimeValue | None = None
     #: Your label for the session the message belongs to (e.g. "session 4" or a date); default: the append's.
     session: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 

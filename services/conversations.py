@@ -384,8 +384,7 @@ class Conversations:
                 raise
             at = parse_time(m.created_at, f"messages[{i}].created_at")
             ts = parse_time(m.ts, f"messages[{i}].ts")
-            if at is not None and ts is not None and at != ts:
-                raise InvalidInput("created_at and ts differ; give one", details={"field": f"messages[{i}].ts"})
+            # both given: created_at wins (ts is its alias for clients that name it so)
             if m.session is not None and (not isinstance(m.session, str) or not 1 <= len(m.session) <= 200):
                 raise InvalidInput("session must be 1-200 characters", details={"field": f"messages[{i}].session"})
             checked.append((m, data, meta, at if at is not None else ts))

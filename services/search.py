@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.errors import InvalidInput
+from services.ids import now_ms
 from services.models import SearchHit, SearchResult
 from services.ports import Embedder, Reranker
 from services.ranking import Ranking
 from services.scoped import OrgSql, OrgVectors
+from services.temporal import resolve_relative
 
 __all__ = ["SearchOptions", "Search", "fts_query", "query_terms", "fuse", "KEYWORD_COVERAGE_FLOOR", "KINDS", "Candidate", "Hydrator", "MAX_TOP_K", "explain_candidate"]
 
@@ -75,6 +77,17 @@ def query_terms(text: str) -> list[str]:
     """The query's distinct words, lowercased, stop words dropped when others remain (at most 64)."""
     words = list(dict.fromkeys(w.lower() for w in _TOKEN.findall(text)))[:64]
     return [w for w in words if w not in _STOP] or words
+
+
+def floor_terms(text: str, reference_time: int | None = None) -> list[str]:
+    """The words the relevance floor looks for: the query's content words without a relative date it names
+    ("last week", "in March": that is when, not what; services.temporal resolves it)."""
+    terms = query_terms(text)
+    dated = resolve_relative(text, reference_time if reference_time is not None else now_ms())
+    if dated is None:
+        return terms
+    phrase = set(_TOKEN.findall(dated[2].lower()))
+    return [t for t in terms if t not in phrase] or terms
 
 
 def fts_query(text: str) -> str | None:
@@ -247,7 +260,7 @@ class Search:
         if opts.min_score is None:
             # the vector side's cut-off bounds the cosine of a candidate it did not return (when it was cut)
             vector_cut = min((r[3] for r in vector), default=None) if len(vector) >= VECTOR_DEPTH else None
-            ranked = await self._relevance_floor(query, ranked, vector_cut)
+            ranked = await self._relevance_floor(floor_terms(query, opts.reference_time), ranked, vector_cut)
 
         hits: list[SearchHit] = []
         for kind in kinds:
@@ -265,7 +278,7 @@ class Search:
             hits = [h for h in hits if h.score >= opts.min_score]
         return SearchResult(query=query, results=hits[: opts.top_k])
 
-    async def _relevance_floor(self, query: str, ranked: list[Candidate], vector_cut: float | None) -> list[Candidate]:
+    async def _relevance_floor(self, terms: list[str], ranked: list[Candidate], vector_cut: float | None) -> list[Candidate]:
         """Drop candidates whose evidence is weak on both sides. A cosine at the embedder's ``relevance_floor``
         keeps a candidate on its own, and so does ``KEYWORD_COVERAGE_FLOOR`` of the query's content words (IDF
         weighted) in its text; below both, the two add up in proportion: ``cosine / floor + coverage /
@@ -283,7 +296,7 @@ class Search:
         weak = [c for c in ranked if c.evidence is None]
         if not weak:
             return ranked
-        coverage = await self._coverage(query_terms(query), weak)
+        coverage = await self._coverage(terms, weak)
         for c in weak:
             c.coverage = coverage.get((c.kind, c.parent_id if c.kind == "thought" else c.chunk_id), 0.0)
             cosine = c.vector_score if c.vector_score is not None else (vector_cut or 0.0)

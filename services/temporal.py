@@ -18,17 +18,39 @@ from __future__ import annotations
 import calendar
 import re
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from services.errors import InvalidInput
 
-__all__ = ["parse_time", "time_options", "resolve_relative", "MIN_MS", "MAX_MS"]
+__all__ = ["parse_time", "time_options", "resolve_relative", "MIN_MS", "MAX_MS", "ISO_TIME_PATTERN", "TimeValue",
+           "TIME_JSON_SCHEMA"]
 
 #: 1973-03-03 in epoch ms: smaller integers are taken for epoch seconds and refused.
 MIN_MS = 100_000_000_000
 #: 9999-12-31T23:59:59.999Z
 MAX_MS = 253_402_300_799_999
 DAY = 86_400_000
+#: The ISO-8601 forms accepted, exactly as the schema documents them: a date (1974-9989, a day that every
+#: year's month has), optionally a time (hh:mm[:ss[.ffffff]]) and an offset (Z or +-hh:mm; none: UTC).
+#: February 29 parses too but is not in the pattern (a regex cannot know leap years).
+ISO_TIME_PATTERN = (
+    r"^(197[4-9]|19[89]\d|[2-8]\d{3}|9[0-8]\d\d)-"
+    r"((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
+    r"(T([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)?)?$"
+)
+#: A time in a request body: epoch milliseconds or an ISO-8601 string (msgspec validates the bounds and form).
+TimeValue = (
+    Annotated[int, msgspec.Meta(ge=100_000_000_000, le=253_402_300_799_999, description="epoch milliseconds")]
+    | Annotated[str, msgspec.Meta(max_length=40, pattern=ISO_TIME_PATTERN,
+                                  description="ISO-8601 date or date-time (no offset: UTC)")]
+)
+#: The same for MCP tools' JSON Schemas.
+TIME_JSON_SCHEMA = {"oneOf": [
+    {"type": "integer", "minimum": 100_000_000_000, "maximum": 253_402_300_799_999},
+    {"type": "string", "maxLength": 40, "pattern": ISO_TIME_PATTERN},
+]}
 
 
 def parse_time(value: Any, field: str) -> int | None:
@@ -68,10 +90,9 @@ def parse_time(value: Any, field: str) -> int | None:
 
 def time_options(time_from: Any = None, time_to: Any = None, reference_time: Any = None) -> dict[str, int | None]:
     """The ``SearchOptions`` time fields of a search request's ``from`` / ``to`` / ``reference_time``
-    (InvalidInput for a bad value, or ``from`` after ``to``)."""
+    (InvalidInput for a bad value)."""
     lo, hi = parse_time(time_from, "from"), parse_time(time_to, "to")
-    if lo is not None and hi is not None and lo > hi:
-        raise InvalidInput("from is after to", details={"field": "from"})
+    # ``from`` after ``to`` is an empty range: it matches nothing (200, no hits), like any other empty filter
     return {"time_from": lo, "time_to": hi, "reference_time": parse_time(reference_time, "reference_time")}
 
 
