@@ -214,7 +214,7 @@ class Settings:
     def from_env(cls, **overrides) -> "Settings":
         for name, why in _REMOVED.items():
             if os.environ.get(name) is not None:
-                raise ValueError(f"{name} is no longer a setting: {why}; unset it")
+                raise SettingsError(f"{name} is no longer a setting: {why}; unset it", details={"setting": name})
         base = cls(
             data_dir=Path(_env("MEMEX_DATA_DIR", "./data")),
             sql=_env("MEMEX_SQL", "sqlite"),
