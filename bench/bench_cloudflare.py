@@ -94,7 +94,12 @@ def memex_service(tmp: Path, emu_root: str, name: str, extra_env: dict | None = 
         "MEMEX_DECISIONS": "on",  # the default, whatever the caller's environment says
         **(extra_env or {}),
     }
-    with serve_subprocess(data_dir, env, log_name="server.log") as (base, proc, _ready, _cmd):
+    why = {"MEMEX_SQL": "the Cloudflare path is what this bench counts (D1 on the local emulator)",
+           "MEMEX_VECTORS": "Vectorize on the local emulator", "MEMEX_EMBEDDER": "Workers AI on the local emulator",
+           "MEMEX_CLOUDFLARE_BUDGET": "the client-side request budget would pace the bench; it counts requests, "
+                                      "not time",
+           "MEMEX_DECISIONS": "the default value, set so the caller's environment cannot change it"}
+    with serve_subprocess(data_dir, env, log_name="server.log", why=why) as (base, proc, _ready, _cmd):
         log(f"service {name} pid {proc.pid} on {base}")
         yield base
 

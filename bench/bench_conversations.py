@@ -203,6 +203,9 @@ async def scale(args) -> None:
     n_msgs = sum(len(c) for c in data.conversations)
     print(f"\n== scale: {args.scale_convs} conversations x {args.scale_msgs} messages ({n_msgs:,} messages), "
           f"{'assistant turns of real English prose (SciFact sentences)' if prose else 'template text'}, hash embedder")
+    print("setting changed from the defaults: MEMEX_EMBEDDER=hash (the local model needs ~40 min to embed 100k "
+          "messages on 2 cores; this part times storage, keyword and vector search, not the model), "
+          "MEMEX_KEY_RATE_PER_MINUTE raised (the bench sends more than a user's key may)")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -460,9 +460,12 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def serve_subprocess(data_dir: Path, env: dict[str, str], *, log_name: str = "bench-server.log", log_mode: str = "w"):
-    """Start ``python -m api.cli serve`` on a free loopback port with BENCH_ENV plus ``env``; yield
-    (base_url, proc, seconds until healthy, command); stop it on exit."""
+def serve_subprocess(data_dir: Path, env: dict[str, str], *, log_name: str = "bench-server.log", log_mode: str = "w",
+                     why: dict[str, str] | None = None):
+    """Start ``python -m api.cli serve`` on a free loopback port with BENCH_ENV plus ``env`` (printed, with
+    ``why``: the reason for each setting the bench changes); yield (base_url, proc, seconds until healthy,
+    command); stop it on exit."""
+    announce_settings({k: v for k, v in env.items() if k.startswith("MEMEX_")}, why)
     port = free_port()
     # The product's defaults: no MEMEX_* setting of the caller's shell leaks in; BENCH_ENV and ``env`` only.
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMEX_")}
@@ -497,9 +500,9 @@ def service(args):
         tmp = tempfile.TemporaryDirectory(prefix="memex-bench-")
         data_dir = Path(tmp.name)
     env = {} if args.embedder == "local" else {"MEMEX_EMBEDDER": args.embedder}
-    announce_settings(env, {"MEMEX_EMBEDDER": "--embedder hash: a free embedding, to time everything but the model"})
+    why = {"MEMEX_EMBEDDER": "--embedder hash: a free embedding, to time everything but the model"}
     try:
-        with serve_subprocess(data_dir, env) as (base, proc, ready, cmd):
+        with serve_subprocess(data_dir, env, why=why) as (base, proc, ready, cmd):
             log(f"server pid {proc.pid} on {base} ready in {ready:.1f} s (data {data_dir})")
             yield base, {"started_by_bench": True, "pid": proc.pid, "ready_s": round(ready, 2),
                          "data_dir": str(data_dir), "command": cmd}

@@ -53,7 +53,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import announce_settings, serve_subprocess  # noqa: E402
+from bench_foundation import serve_subprocess  # noqa: E402
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
 STATE_FILE = "bench_scifact.json"
 REFERENCE = {"BM25": 66.5, "all-MiniLM-L6-v2": 64.5, "bge-small-en-v1.5": 71.3, "bge-base-en-v1.5": 74.3,
@@ -145,7 +145,6 @@ def service(args):
         tmp = tempfile.TemporaryDirectory(prefix="memex-scifact-")
         data_dir = Path(tmp.name)
     env: dict[str, str] = {}  # the product's defaults (embedded: SQLite, local vectors, local MiniLM)
-    announce_settings(env)
     try:
         with serve_subprocess(data_dir, env, log_mode="a") as (base, proc, _ready, _cmd):
             log(f"server pid {proc.pid} on {base} (data {data_dir})")
