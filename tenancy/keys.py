@@ -6,8 +6,13 @@
 * Verifying looks the key id up and runs argon2 off the event loop; an unknown id still runs a dummy verify,
   so timing does not tell which ids exist.
 * argon2 costs tens of ms a verify, so a success is cached in process for at most ``cache_seconds`` (<= 60)
-  under an HMAC of the raw key (a per-process secret: the cache never holds a raw key). Revocation evicts at
-  once in this process; other instances hold a revoked key for at most the cache lifetime.
+  under an HMAC of the raw key (a per-process secret: the cache never holds a raw key).
+* Revocation reaches every process within a second, whatever path revoked: triggers (migration 0010) append a
+  row to ``key_revocations`` for every key revoked, re-scoped or deleted and every organization suspended; a
+  cache hit older than ``revocation_check_seconds`` (0.5 s) since the last look first reads the rows past the
+  last generation seen (one indexed query, shared by concurrent requests) and evicts those keys. A cache
+  entry remembers the generation its row was read at; one read before a revocation already applied is not
+  cached. Revoking through this process also evicts at once.
 * last_used_at is written at most once a minute per key, off the request path.
 """
 
@@ -90,9 +95,15 @@ class VerifiedKey:
 class KeyManager:
     """Key creation and verification for the whole deployment; ``for_org`` gives an org's key admin."""
 
-    def __init__(self, db: SqlDatabase, *, cache_seconds: int = 60) -> None:
+    def __init__(self, db: SqlDatabase, *, cache_seconds: int = 60, revocation_check_seconds: float = 0.5) -> None:
         self.db = db
         self.cache_seconds = min(60, max(0, cache_seconds))
+        self.revocation_check_seconds = min(0.9, max(0.0, revocation_check_seconds))
+        #: The newest key_revocations generation applied to the cache (None: not read yet).
+        self._generation: int | None = None
+        self._checked_at = float("-inf")
+        self._checking: asyncio.Future | None = None
+        self._by_org: dict[str, set[str]] = {}
         self._secret = secrets.token_bytes(32)
         self._cache: dict[bytes, tuple[VerifiedKey, float]] = {}
         self._by_key: dict[str, set[bytes]] = {}
@@ -131,6 +142,9 @@ class KeyManager:
         hit = self._cache.get(ck)
         now_mono = time.monotonic()
         if hit and hit[1] > now_mono:
+            await self._apply_revocations()
+            hit = self._cache.get(ck)
+        if hit and hit[1] > now_mono:
             vk = hit[0]
             if vk.expires_at is None or vk.expires_at > now_ms():
                 self._touch(vk.key_id)
@@ -140,8 +154,9 @@ class KeyManager:
         if key_id:
             rows = (
                 await self.db.execute(
-                    "SELECT k.*, o.status AS org_status FROM api_keys k JOIN organizations o ON o.id = k.organization_id "
-                    "WHERE k.id = ?",
+                    "SELECT k.*, o.status AS org_status, "
+                    "(SELECT COALESCE(MAX(generation), 0) FROM key_revocations) AS revocation_generation "
+                    "FROM api_keys k JOIN organizations o ON o.id = k.organization_id WHERE k.id = ?",
                     (key_id,),
                 )
             ).rows
@@ -154,9 +169,10 @@ class KeyManager:
         if row["expires_at"] is not None and row["expires_at"] <= now_ms():
             return None
         vk = VerifiedKey(row["id"], row["organization_id"], frozenset(json.loads(row["scopes"])), row["expires_at"])
-        if self.cache_seconds:
+        if self._cacheable(row["revocation_generation"], now_mono):
             self._cache[ck] = (vk, now_mono + self.cache_seconds)
             self._by_key.setdefault(vk.key_id, set()).add(ck)
+            self._by_org.setdefault(vk.organization_id, set()).add(vk.key_id)
             if len(self._cache) > 50_000:
                 self._sweep()
         self._last_used.setdefault(vk.key_id, row["last_used_at"] or 0)
@@ -167,12 +183,71 @@ class KeyManager:
         for ck in self._by_key.pop(key_id, set()):
             self._cache.pop(ck, None)
 
+    def _cacheable(self, generation: int, now_mono: float) -> bool:
+        """May a row read at ``generation`` be cached? Not when a newer revocation was already applied (it may
+        concern this key and will not be read again)."""
+        if not self.cache_seconds:
+            return False
+        if self._generation is None:  # the first row read tells where the log stands
+            self._generation, self._checked_at = generation, now_mono
+        return generation >= self._generation
+
+    async def _apply_revocations(self) -> None:
+        """Evict the keys revoked since the last look, if that look is older than revocation_check_seconds.
+        Concurrent requests share one read; a failed read fails the request (a revoked key is never let in
+        because the store could not be asked)."""
+        if time.monotonic() - self._checked_at < self.revocation_check_seconds:
+            return
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._read_revocations())
+        checking = self._checking
+        try:
+            await asyncio.shield(checking)
+        finally:
+            if self._checking is checking and checking.done():
+                self._checking = None
+
+    async def _read_revocations(self) -> None:
+        started = time.monotonic()
+        rows = (
+            await self.db.execute(
+                "SELECT generation, organization_id, key_id FROM key_revocations WHERE generation > ? "
+                "ORDER BY generation LIMIT 1000",
+                (self._generation or 0,),
+            )
+        ).rows
+        if len(rows) == 1000 or self._generation is None:  # too far behind to replay (or first look): start afresh
+            self._cache.clear()
+            self._by_key.clear()
+            self._by_org.clear()
+            if len(rows) == 1000:
+                top = (await self.db.execute("SELECT COALESCE(MAX(generation), 0) AS g FROM key_revocations")).rows
+                rows = [{"generation": top[0]["g"], "organization_id": "", "key_id": ""}]
+        for r in rows:
+            if r["key_id"] is None:
+                for key_id in self._by_org.pop(r["organization_id"], set()):
+                    self.evict(key_id)
+            elif r["key_id"]:
+                self.evict(r["key_id"])
+        if rows:
+            self._generation = max(self._generation or 0, rows[-1]["generation"])
+        elif self._generation is None:
+            self._generation = 0
+        self._checked_at = started
+
     def _sweep(self) -> None:
         now_mono = time.monotonic()
         for ck, (vk, exp) in list(self._cache.items()):
             if exp <= now_mono:
                 self._cache.pop(ck, None)
                 self._by_key.get(vk.key_id, set()).discard(ck)
+        for key_id in [k for k, cks in self._by_key.items() if not cks]:
+            del self._by_key[key_id]
+        live = set(self._by_key)
+        for org_id in list(self._by_org):
+            self._by_org[org_id] &= live
+            if not self._by_org[org_id]:
+                del self._by_org[org_id]
 
     def _touch(self, key_id: str) -> None:
         now = now_ms()
