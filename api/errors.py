@@ -29,6 +29,7 @@ _CODES = {
     429: "rate_limited",
     500: "internal",
     503: "backend_unavailable",
+    507: "insufficient_storage",
 }
 
 
@@ -91,6 +92,7 @@ def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
         409: "Conflict",
         413: "Payload too large",
         429: "Rate limited; see Retry-After",
+        507: "Insufficient storage: the disk is full; nothing was written",
     }
     return {
         s: ResponseSpec(data_container=ErrorBody, description=descriptions.get(s, "Error"), generate_examples=False)

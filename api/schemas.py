@@ -147,3 +147,7 @@ class Health(msgspec.Struct):
     pending_jobs: int
     #: Cloudflare API requests, retries and the client-side request budget (null on the embedded backend).
     cloudflare: dict[str, Any] | None = None
+    #: Free bytes on the file system of the SQL store (null when not local). Writes answer 507 when it is full.
+    free_bytes: int | None = None
+    #: Why the job worker is paused (a full disk), or null while it runs; status is then "degraded".
+    worker_paused: str | None = None

@@ -9,7 +9,9 @@ MemexError                      (500 internal)
 ├── PayloadTooLarge             (413 payload_too_large)
 ├── RateLimited                 (429 rate_limited, carries retry_after seconds)
 └── BackendError                (503 backend_unavailable: a store or model failed; retry later)
-    └── EmbeddingModelMismatch  (an index holds vectors of another model)
+    ├── EmbeddingModelMismatch  (an index holds vectors of another model)
+    └── InsufficientStorage     (507 insufficient_storage: the disk (or the database's size limit) is full;
+                                 nothing was written; retry once space is freed)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "RateLimited",
     "BackendError",
     "EmbeddingModelMismatch",
+    "InsufficientStorage",
 ]
 
 
@@ -74,9 +77,12 @@ class RateLimited(MemexError):
     code = "rate_limited"
     status = 429
 
-    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message, details={"retry_after": retry_after, **(details or {})})
         self.retry_after = retry_after
+        #: Extra response headers (RateLimit-Limit / -Remaining / -Reset / -Policy) beside Retry-After.
+        self.headers = dict(headers or {})
 
 
 class BackendError(MemexError):
@@ -86,3 +92,8 @@ class BackendError(MemexError):
 
 class EmbeddingModelMismatch(BackendError):
     code = "embedding_model_mismatch"
+
+
+class InsufficientStorage(BackendError):
+    code = "insufficient_storage"
+    status = 507

@@ -6,6 +6,10 @@ backoff; a crash mid-job leaves the lease to expire and the job to be claimed ag
 a parent's pending chunks, upsert their vectors, then mark them indexed; a chunk deleted meanwhile has its
 fresh vector deleted again, so no vector outlives its rows (see ``drop_vanished`` for the rule every vector
 writer and every deleter follows).
+
+A full disk (``InsufficientStorage``) is not a job failure: the worker puts the batch's jobs back (their
+attempt not counted), pauses, and probes again every few seconds (or at once when woken by a capture); when
+a write goes through again it checkpoints the databases' write-ahead logs and drains every pending job.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from services.errors import InsufficientStorage
 from services.ids import now_ms
 from services.ports import Embedder, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
@@ -27,6 +32,8 @@ log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 8
 EMBED_BATCH = 64
+#: While the disk is full the worker probes again after 0.5 s, doubling up to this.
+PAUSE_MAX_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,9 @@ class JobWorker:
         #: Vectorize-like indexes apply writes later; only they need confirmation.
         self._async_index = hasattr(index, "searchable")
         self._unconfirmed = self._async_index
+        #: Why the worker is paused (a full disk), or None; jobs claimed but put back until space returns.
+        self.paused: str | None = None
+        self._held: list[Job] = []
 
     def wake(self) -> None:
         self._wake.set()
@@ -209,6 +219,9 @@ class JobWorker:
         # process has written vectors that are not yet confirmed (and once at start, for a previous run's).
         wait = self.poll_seconds
         while not self._stopping:
+            if self.paused is not None:
+                wait = await self._paused_wait(wait)
+                continue
             try:
                 did = await self.run_once()
                 if did and self._async_index:
@@ -216,6 +229,10 @@ class JobWorker:
                 if self._unconfirmed and time.monotonic() - self._last_confirm >= 1.0:
                     self._last_confirm = time.monotonic()
                     await self.confirm_mutations()
+            except InsufficientStorage as exc:
+                self._pause(exc, [])
+                wait = 0.5
+                continue
             except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
                 log.exception("job batch failed")
                 did = 0
@@ -231,6 +248,52 @@ class JobWorker:
                     pass
                 self._wake.clear()
                 wait = self.poll_seconds if woken else min(self.max_idle_seconds, wait * 2)
+
+    def _pause(self, exc: InsufficientStorage, jobs: list[Job]) -> None:
+        if self.paused is None:
+            log.warning("job worker paused: %s (%s)", exc.message, exc.details.get("reason"))
+        self.paused = exc.details.get("reason") or exc.message
+        self._held += jobs
+
+    async def _paused_wait(self, wait: float) -> float:
+        """One probe while paused: wait (a wake cuts it short), then try to put the held jobs back (a write);
+        returns the next wait. Resuming checkpoints the write-ahead logs the full disk may have grown."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=wait)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+        if self._stopping:
+            return wait
+        try:
+            await self.resume()
+        except InsufficientStorage:
+            return min(PAUSE_MAX_SECONDS, wait * 2)
+        except Exception:
+            log.exception("resuming the job worker failed")
+            return min(PAUSE_MAX_SECONDS, wait * 2)
+        return self.poll_seconds
+
+    async def resume(self) -> None:
+        """Put the held jobs back as they were before their claim (a full disk is not an attempt), checkpoint
+        the logs, and unpause. Raises ``InsufficientStorage`` while the disk is still full."""
+        ids = [j.id for j in self._held]
+        await self.db.execute(
+            "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE state = 'pending' "
+            "AND id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),),
+        )
+        self._held = []
+        for store in (self.db, self.index):
+            checkpoint = getattr(store, "checkpoint", None)
+            if checkpoint is not None:
+                try:
+                    await checkpoint()
+                except Exception:
+                    log.warning("checkpoint after a full disk failed", exc_info=True)
+        if self.paused is not None:
+            log.warning("job worker resumed: writes go through again")
+        self.paused = None
 
     async def claim(self) -> list[Job]:
         now = now_ms()
@@ -250,8 +313,12 @@ class JobWorker:
         self._busy += 1
         try:
             jobs = await self.claim()
-            for job in jobs:
-                await self._run(job)
+            for i, job in enumerate(jobs):
+                try:
+                    await self._run(job)
+                except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
+                    self._pause(exc, jobs[i:])
+                    return i
             return len(jobs)
         finally:
             self._busy -= 1
@@ -269,6 +336,8 @@ class JobWorker:
             if handler is None:
                 raise RuntimeError(f"no handler for job kind {job.kind!r}")
             await handler(sql, vectors, self.embedder, job)
+        except InsufficientStorage:
+            raise
         except Exception as exc:
             self.failed += 1
             final = job.attempts >= MAX_ATTEMPTS

@@ -22,12 +22,17 @@ a query on one organization never waits for another's. Small namespaces are sear
 (tens of microseconds); big ones in a worker thread.
 
 One process per file: the in-memory matrices do not see writes made by another process to the same file.
+
+A full disk raises ``InsufficientStorage`` (SQLite's message kept; the write rolled back whole, memory untouched);
+the WAL is truncated after checkpoints (``journal_size_limit``) and ``checkpoint()`` folds and truncates it on
+demand (the worker calls it when space returns).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import numbers
 import sqlite3
@@ -38,10 +43,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from services.adapters.sqlite import JOURNAL_SIZE_LIMIT, free_bytes, rollback_quietly, storage_error
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
 from services.ports import Vector, VectorIndexInfo, VectorMatch
 
 T = TypeVar("T")
+log = logging.getLogger("memex.vectors")
 
 __all__ = ["LocalVectorIndex", "compile_filter"]
 
@@ -490,6 +497,7 @@ class LocalVectorIndex:
             self._db.execute("PRAGMA page_size = 16384")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
+            self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             self._db.execute("PRAGMA busy_timeout = 10000")
         try:
             self._open(reset_on_mismatch)
@@ -537,7 +545,7 @@ class LocalVectorIndex:
             )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            rollback_quietly(db)
             raise
         if self.was_reset and self.path is not None:
             db.execute("VACUUM")
@@ -563,8 +571,11 @@ class LocalVectorIndex:
             mid = self._next_mutation()
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
-            self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
+            rollback_quietly(db)
+            try:
+                self._mutation = int(db.execute("SELECT value FROM meta WHERE key = 'mutation'").fetchone()[0])
+            except sqlite3.Error:  # the write's own error is the one to report
+                log.warning("could not re-read the mutation counter", exc_info=True)
             raise
         return result, mid
 
@@ -736,7 +747,7 @@ class LocalVectorIndex:
         """Insert or replace whole vectors (values, metadata and namespace); durable and visible on return."""
         if not vectors:
             return str(self._mutation) if self._mutation else None
-        return await asyncio.to_thread(self._upsert_sync, list(vectors))
+        return await _writing(self._upsert_sync, list(vectors))
 
     async def query(
         self,
@@ -775,7 +786,7 @@ class LocalVectorIndex:
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
         """Delete by (index-global) id; unknown ids are ignored. Durable and visible on return."""
-        return await asyncio.to_thread(self._delete_sync, list(ids))
+        return await _writing(self._delete_sync, list(ids))
 
     async def info(self) -> VectorIndexInfo:
         return await asyncio.to_thread(self._info_sync)
@@ -794,7 +805,22 @@ class LocalVectorIndex:
 
     async def delete_namespace(self, namespace: str) -> str:
         """Delete every vector of ``namespace`` (an organization being removed); returns a mutation id."""
-        return await asyncio.to_thread(self._delete_namespace_sync, namespace)
+        return await _writing(self._delete_namespace_sync, namespace)
+
+    def _checkpoint_sync(self) -> tuple[int, int, int]:
+        with self._write_lock:
+            self._check_open()
+            return tuple(self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+
+    async def checkpoint(self) -> tuple[int, int, int]:
+        """Fold the WAL into the file and truncate it: (busy, wal pages, pages checkpointed)."""
+        if self.path is None:
+            return (0, 0, 0)
+        return await _writing(self._checkpoint_sync)
+
+    def free_bytes(self) -> int | None:
+        """Free space on the file system holding the index (None in memory)."""
+        return None if self.path is None else free_bytes(self.path)
 
     async def close(self) -> None:
         def _close() -> None:
@@ -807,6 +833,17 @@ class LocalVectorIndex:
                 self._db.close()
 
         await asyncio.to_thread(_close)
+
+
+async def _writing(fn: Callable[..., T], *args: Any) -> T:
+    """Run a write off the loop; a full disk leaves as ``InsufficientStorage``."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except (sqlite3.Error, OSError) as exc:
+        full = storage_error(exc)
+        if full is not None:
+            raise full from exc
+        raise
 
 
 def _search_locked(space: _Namespace, args: tuple) -> list[VectorMatch]:

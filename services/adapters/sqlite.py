@@ -3,22 +3,34 @@
 WAL, foreign keys on, a busy timeout. Every call runs in a worker thread so the event loop never waits on
 disk. Writes go through one connection guarded by a lock (SQLite has one writer anyway); reads use a small
 pool of read connections so searches don't queue behind writes.
+
+A full disk (SQLITE_FULL, ENOSPC) raises ``InsufficientStorage`` with SQLite's own message; the transaction is
+rolled back whole (a failing ROLLBACK, e.g. when SQLite already rolled back, never hides the cause).
+``checkpoint()`` folds the WAL into the database and truncates it (the worker calls it when space returns).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import queue
 import re
+import shutil
 import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.errors import BackendError, InvalidInput
+from services.errors import BackendError, InsufficientStorage, InvalidInput
 from services.ports import SqlResult, SqlValue, Statement
 
-__all__ = ["SqliteDatabase"]
+__all__ = ["SqliteDatabase", "free_bytes", "rollback_quietly", "storage_error"]
+
+log = logging.getLogger("memex.sqlite")
+
+#: The WAL is truncated back to this size after a checkpoint (it never keeps a disk-full episode's growth).
+JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 
 _READ_ONLY = re.compile(r"^\s*(SELECT|WITH)\b", re.IGNORECASE)
 _TXN = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
@@ -33,7 +45,37 @@ def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     return conn
+
+
+def storage_error(exc: BaseException) -> InsufficientStorage | None:
+    """The ``InsufficientStorage`` a full disk raised as ``exc`` (SQLITE_FULL or ENOSPC), else None."""
+    if isinstance(exc, InsufficientStorage):
+        return exc
+    full = False
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        full = (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or "database or disk is full" in str(exc)
+    elif isinstance(exc, OSError):
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not full:
+        return None
+    return InsufficientStorage(
+        "insufficient storage: the disk is full; nothing was written, retry once space is freed",
+        details={"reason": str(exc)},
+    )
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open. SQLite rolls back by itself on some errors (a full disk);
+    a ROLLBACK that fails then must not replace the error that caused it."""
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        log.warning("ROLLBACK failed after an error", exc_info=True)
 
 
 def _rows(cur: sqlite3.Cursor) -> list[dict]:
@@ -94,7 +136,7 @@ class SqliteDatabase:
                 conn.execute("COMMIT")
                 return out
             except BaseException:
-                conn.execute("ROLLBACK")
+                rollback_quietly(conn)
                 raise
 
     def _run_script(self, sql: str) -> None:
@@ -107,7 +149,7 @@ class SqliteDatabase:
                     conn.execute(stmt)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                rollback_quietly(conn)
                 raise
 
     # -- the port --------------------------------------------------------------------------------
@@ -122,6 +164,18 @@ class SqliteDatabase:
 
     async def executescript(self, sql: str) -> None:
         await _off_loop(self._run_script, sql)
+
+    def _checkpoint(self) -> tuple[int, int, int]:
+        with self._write_lock:
+            return tuple(self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+
+    async def checkpoint(self) -> tuple[int, int, int]:
+        """Fold the WAL into the database and truncate it: (busy, wal pages, pages checkpointed)."""
+        return await _off_loop(self._checkpoint)
+
+    def free_bytes(self) -> int | None:
+        """Free space on the file system holding the database (None when unknown)."""
+        return free_bytes(self.path)
 
     async def close(self) -> None:
         self._writer.close()
@@ -144,12 +198,24 @@ def _split_script(sql: str) -> list[str]:
     return out
 
 
+def free_bytes(path: str) -> int | None:
+    if path.startswith("file:"):
+        return None
+    try:
+        return shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        return None
+
+
 async def _off_loop(fn, *args):
     try:
         return await asyncio.to_thread(fn, *args)
     except sqlite3.IntegrityError:
         raise
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
+    except (sqlite3.Error, OSError) as exc:
+        full = storage_error(exc)
+        if full is not None:
+            raise full from exc
+        if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
             raise BackendError("database is busy, retry", details={"reason": str(exc)}) from exc
         raise

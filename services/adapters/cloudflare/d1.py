@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from services.errors import BackendError, InvalidInput, PayloadTooLarge
+from services.errors import BackendError, InsufficientStorage, InvalidInput, PayloadTooLarge
 from services.ports import SqlResult, SqlValue, Statement
 
 from .client import (
@@ -94,6 +94,15 @@ class D1OperationalError(D1Error, sqlite3.OperationalError):
 
 class D1ProgrammingError(D1Error, sqlite3.ProgrammingError):
     """Wrong number of bindings, unsupported parameter type."""
+
+
+def _storage_full(message: str) -> InsufficientStorage | None:
+    """D1's answer when the database reached its size limit (SQLITE_FULL), as a 507."""
+    low = message.lower()
+    if "sqlite_full" in low or "database or disk is full" in low or "maximum db size" in low or "maximum database size" in low:
+        return InsufficientStorage("insufficient storage: the D1 database is full; nothing was written",
+                                   details={"reason": message[:500]})
+    return None
 
 
 def _sql_error(message: str, statement_index: int | None = None) -> D1Error:
@@ -321,7 +330,8 @@ class D1Database:
             raise BackendError("D1 answered without a result list", details={"result": str(result)[:200]})
         for i, item in enumerate(result):
             if isinstance(item, dict) and item.get("success") is False:
-                raise _sql_error(str(item.get("error") or item.get("errors") or "D1 statement failed"), i)
+                message = str(item.get("error") or item.get("errors") or "D1 statement failed")
+                raise _storage_full(message) or _sql_error(message, i)
         return result
 
     def _map(self, err: CloudflareApiError) -> Exception:
@@ -332,6 +342,9 @@ class D1Database:
             return err  # D1 unavailable (after retries): 503
         text = err.text
         low = text.lower()
+        full = _storage_full(text)
+        if full is not None:
+            return full
         if "statement too long" in low or "sqlite_toobig" in low or "too many sql variables" in low:
             return InvalidInput(f"D1 refused the statement: {text}", details={"d1_message": text})
         if 400 <= err.status < 500 or "d1_" in low or "sqlite_" in low:
