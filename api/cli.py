@@ -55,7 +55,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  Get a key:    curl -s -X POST {base}/v1/signup -H 'content-type: application/json' -d '{{\"name\": \"Acme\", \"slug\": \"acme\"}}'")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    # proxy_headers=False: uvicorn would otherwise believe X-Forwarded-For from any loopback peer as the client;
+    # Memex reads it itself, from MEMEX_TRUSTED_PROXIES only (tenancy/addresses.py).
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False)
     return 0
 
 

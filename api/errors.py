@@ -53,7 +53,7 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
 
 
 def _memex(_: Request, exc: MemexError) -> Response:
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+    headers = {**exc.headers, "Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
     if exc.status >= 500:
         log.warning("backend error: %s %s", exc.message, exc.details)
     return error_response(exc.status, exc.code, exc.message, exc.details, headers)

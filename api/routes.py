@@ -24,7 +24,6 @@ from services.models import CaptureResult, ThoughtDetail, ThoughtPage
 from services.search import SearchOptions
 from services.temporal import time_options
 from tenancy.keys import KeyRecord
-from tenancy.ratelimit import WindowLimiter
 
 __all__ = ["route_handlers", "org_services"]
 
@@ -52,19 +51,17 @@ def mcp_url(request: Request, slug: str) -> str:
 
 # -- public -----------------------------------------------------------------------------------------
 
-_signups: dict[int, WindowLimiter] = {}
-
-
 @post("/v1/signup", operation_id="signup", tags=["organizations"], security=[{}], exclude_from_auth=True,
       responses=error_responses(400, 409, 429), summary="Create an organization and its first admin key")
 async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
     memex: Memex = state.memex
-    limiter = _signups.setdefault(id(memex), WindowLimiter(memex.settings.signup_rate_per_hour, 3600))
-    wait = limiter.retry_after(client_address(request))
-    if wait:
-        raise RateLimited("too many sign-ups from this address", retry_after=wait)
+    address = client_address(request)
+    verdict = await memex.rate_limits.check(memex.signup_limit, address)
+    if not verdict.allowed:
+        raise RateLimited("too many sign-ups from this address", retry_after=verdict.retry_after,
+                          details={"limit": "signup", "policy": verdict.limit.policy}, headers=verdict.headers())
     org, issued = await memex.orgs.create(name=data.name, slug=data.slug)
-    limiter.hit(client_address(request))
+    await memex.rate_limits.hit(memex.signup_limit, address)  # only sign-ups that happened count
     r = issued.record
     return SignupOut(
         organization=OrganizationOut(org.id, org.slug, org.name, org.created_at),

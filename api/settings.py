@@ -73,12 +73,23 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llm": ("MEMEX_LLM", ("none", "workers-ai", "openai")),
     "llm_response_format": ("MEMEX_LLM_RESPONSE_FORMAT", ("json_schema", "json_object")),
     "reranker": ("MEMEX_RERANKER", ("none", "workers-ai")),  # + "local" when an adapter is installed
+    "client_ip_header": ("MEMEX_CLIENT_IP_HEADER", ("x-forwarded-for", "cf-connecting-ip")),
 }
 
 
 def _list(name: str) -> list[str]:
     raw = _env(name)
     return [p.strip() for p in raw.split(",") if p.strip()] if raw else []
+
+
+#: Rate settings (field -> variable): each must be at least 1.
+_RATES = {
+    "key_rate_per_minute": "MEMEX_KEY_RATE_PER_MINUTE",
+    "org_rate_per_minute": "MEMEX_ORG_RATE_PER_MINUTE",
+    "signup_rate_per_hour": "MEMEX_SIGNUP_RATE_PER_HOUR",
+    "auth_failures_per_minute": "MEMEX_AUTH_FAILURES_PER_MINUTE",
+    "auth_address_failures_per_minute": "MEMEX_AUTH_ADDRESS_FAILURES_PER_MINUTE",
+}
 
 
 #: Settings that no longer exist, refused at start-up rather than silently ignored.
@@ -104,12 +115,25 @@ class Settings:
     max_content_bytes: int = 256 * 1024
     #: Largest metadata object accepted, in bytes of its JSON.
     max_metadata_bytes: int = 16 * 1024
-    #: Requests a key may make per minute (429 above).
+    #: Requests a credential (API key, Access user or service token, per organization) may make per minute.
     key_rate_per_minute: int = 1200
+    #: Requests one organization may make per minute, all its credentials together.
+    org_rate_per_minute: int = 6000
     #: Sign-ups a client address may make per hour.
     signup_rate_per_hour: int = 20
-    #: Failed authentications a client address may make per minute before 429.
+    #: Failed authentications per minute from one client address with one credential prefix (a key's id,
+    #: ``access``, ``malformed``, ``none``) before 429; a valid credential is still accepted.
     auth_failures_per_minute: int = 30
+    #: Failed authentications per minute from one client address, all prefixes together, before 429.
+    auth_address_failures_per_minute: int = 120
+    #: Where rate-limit counters live: a `limits` storage URI. ``memory://`` (per process); a shared one
+    #: (``redis://``, ``rediss://``, ``redis+sentinel://``, ``memcached://``, ``mongodb://``) where several
+    #: processes serve; its client library is installed separately.
+    rate_limit_storage: str = "memory://"
+    #: Proxies whose client-address header is believed (IPs or CIDRs); none by default: the TCP peer is the client.
+    trusted_proxies: list[str] = field(default_factory=list)
+    #: Which header a trusted proxy names the client in: ``x-forwarded-for`` or ``cf-connecting-ip``.
+    client_ip_header: str = "x-forwarded-for"
     #: Seconds a verified key stays cached in process (at most 60).
     key_cache_seconds: int = 60
     #: Cloudflare Access team domain (https://<team>.cloudflareaccess.com); Access is on when this and the AUD are set.
@@ -195,6 +219,29 @@ class Settings:
                     details={"setting": env, "allowed": list(allowed)},
                 )
 
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        for name, env in _RATES.items():
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{env} must be at least 1, not {getattr(self, name)}", details={"setting": env})
+        from tenancy.addresses import parse_networks
+        from tenancy.ratelimit import ConfigurationError, storage_for
+
+        try:
+            parse_networks(self.trusted_proxies)
+        except ValueError as exc:
+            raise SettingsError(f"MEMEX_TRUSTED_PROXIES: {exc}; give comma-separated IPs or CIDRs",
+                                details={"setting": "MEMEX_TRUSTED_PROXIES"}) from None
+        try:
+            storage_for(self.rate_limit_storage)
+        except (ConfigurationError, ValueError) as exc:
+            raise SettingsError(
+                f"MEMEX_RATE_LIMIT_STORAGE={self.rate_limit_storage.split('@')[-1]!r} cannot be used: {exc} "
+                "(memory://, redis://, rediss://, redis+sentinel://, redis+cluster://, memcached://, mongodb://)",
+                details={"setting": "MEMEX_RATE_LIMIT_STORAGE"},
+            ) from None
+
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "memex.sqlite3"
@@ -224,8 +271,13 @@ class Settings:
             max_content_bytes=_int("MEMEX_MAX_CONTENT_BYTES", 256 * 1024),
             max_metadata_bytes=_int("MEMEX_MAX_METADATA_BYTES", 16 * 1024),
             key_rate_per_minute=_int("MEMEX_KEY_RATE_PER_MINUTE", 1200),
+            org_rate_per_minute=_int("MEMEX_ORG_RATE_PER_MINUTE", 6000),
             signup_rate_per_hour=_int("MEMEX_SIGNUP_RATE_PER_HOUR", 20),
             auth_failures_per_minute=_int("MEMEX_AUTH_FAILURES_PER_MINUTE", 30),
+            auth_address_failures_per_minute=_int("MEMEX_AUTH_ADDRESS_FAILURES_PER_MINUTE", 120),
+            rate_limit_storage=_env("MEMEX_RATE_LIMIT_STORAGE", "memory://"),
+            trusted_proxies=_list("MEMEX_TRUSTED_PROXIES"),
+            client_ip_header=_env("MEMEX_CLIENT_IP_HEADER", "x-forwarded-for"),
             key_cache_seconds=min(60, _int("MEMEX_KEY_CACHE_SECONDS", 60)),
             access_team_domain=_env("MEMEX_ACCESS_TEAM_DOMAIN"),
             access_audience=_list("MEMEX_ACCESS_AUD"),

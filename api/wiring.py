@@ -22,11 +22,13 @@ from services.recent_vectors import RecentVectors, cached_embed_handler
 from services.search import Search, hydrate_thoughts
 from services.thoughts import ThoughtLimits, Thoughts
 from services.worker import JobWorker, reconcile_org
-from tenancy.auth import Authenticator
+from tenancy.addresses import ClientAddresses
+from tenancy.auth import AuthLimits, Authenticator
 from tenancy.bindings import OrgBindings
 from tenancy.keys import KeyManager, OrgKeys
 from tenancy.models import AuthContext
 from tenancy.orgs import OrgDirectory
+from tenancy.ratelimit import Limit, RateLimits
 
 __all__ = ["Backend", "Memex", "OrgServices", "build_backend"]
 
@@ -166,13 +168,18 @@ class Memex:
                     jwks_url=settings.access_jwks_url,
                 )
             )
+        self.rate_limits = RateLimits(settings.rate_limit_storage)
+        self.client_addresses = ClientAddresses(settings.trusted_proxies, settings.client_ip_header)
         self.auth = Authenticator(
             self.backend.db,
             self.keys,
             access=access,
-            failures_per_minute=settings.auth_failures_per_minute,
-            requests_per_minute=settings.key_rate_per_minute,
+            limits=AuthLimits(key_per_minute=settings.key_rate_per_minute, org_per_minute=settings.org_rate_per_minute,
+                              failures_per_minute=settings.auth_failures_per_minute,
+                              address_failures_per_minute=settings.auth_address_failures_per_minute),
+            rate_limits=self.rate_limits,
         )
+        self.signup_limit = Limit("signup", settings.signup_rate_per_hour, 3600)
         self.llm_budget = LLMBudget(calls_per_day=settings.llm_calls_per_day, tokens_per_day=settings.llm_tokens_per_day)
         self.enrichment_config = EnrichmentConfig(vocabulary_size=settings.enrich_vocabulary_size)
         self.worker = JobWorker(self.backend.db, self.backend.index, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
@@ -192,6 +199,9 @@ class Memex:
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
         applied = await apply_pending(self.backend.db)
+        if self.settings.sql != "sqlite" and self.settings.rate_limit_storage.startswith(("memory://", "async+memory://")):
+            log.warning("rate limits count per process (MEMEX_RATE_LIMIT_STORAGE=memory://): with several instances "
+                        "serving, name a shared storage (redis://...) or every limit is multiplied by the instances")
         if worker if worker is not None else self.settings.run_worker:
             self.worker.start()
             import asyncio

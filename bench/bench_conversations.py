@@ -257,7 +257,8 @@ async def http_latency(args, data_dir: Path, key: str, ids: list[str], data, rng
     from api.app import create_app
     from tests.live import serve
 
-    memex = Memex(Settings(data_dir=data_dir, embedder="hash", key_rate_per_minute=10**9, worker_poll_seconds=0.2))
+    memex = Memex(Settings(data_dir=data_dir, embedder="hash", key_rate_per_minute=10**9, org_rate_per_minute=10**9,
+                           worker_poll_seconds=0.2))
     headers = {"authorization": f"Bearer {key}"}
     with serve(create_app(memex=memex)) as base, httpx.Client(base_url=base, headers=headers, timeout=60) as c:
         queries = english_queries(rng, args.samples // 2) + english_queries_from(rng, data, args.samples - args.samples // 2)

@@ -418,6 +418,7 @@ def free_port() -> int:
 #: Nothing that changes what a search returns or how a write is processed is ever set here.
 BENCH_ENV = {
     "MEMEX_KEY_RATE_PER_MINUTE": "100000000",
+    "MEMEX_ORG_RATE_PER_MINUTE": "100000000",
     "MEMEX_SIGNUP_RATE_PER_HOUR": "100000",
     "MEMEX_AUTH_FAILURES_PER_MINUTE": "100000",
 }

@@ -1,43 +1,127 @@
-"""A small in-process sliding-window limiter (per identifier). Per process, like Litestar's own; the
-Cloudflare deployment runs several instances, so each limit is per instance there (documented)."""
+"""Rate limits on the `limits` library: moving windows kept in a storage named by a URI.
+
+``memory://`` (the default) keeps the counters in this process: right for the embedded shape, where one
+process serves. Where several processes serve (the Cloudflare shape, or several workers behind a balancer),
+name a shared storage they all reach (``redis://host:6379``, ``rediss://``, ``redis+sentinel://``,
+``memcached://host:11211``, ``mongodb://``; the client library each needs is installed separately), or each
+process counts on its own and every limit is in effect multiplied by the number of processes.
+
+The window is a moving one (exact: no burst at a window boundary) where the storage supports it (memory,
+redis, mongodb); memcached gets the sliding-window counter. If a shared storage fails, requests are let
+through (logged): an outage of the counter store must not take the service down with it.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections import deque
+from dataclasses import dataclass
 
-__all__ = ["WindowLimiter"]
+from limits import RateLimitItemPerHour, RateLimitItemPerMinute
+from limits.aio.storage import MovingWindowSupport
+from limits.aio.strategies import MovingWindowRateLimiter, RateLimiter, SlidingWindowCounterRateLimiter
+from limits.errors import ConfigurationError, StorageError
+from limits.storage import storage_from_string
+
+__all__ = ["Limit", "Verdict", "RateLimits", "storage_for", "ConfigurationError"]
+
+log = logging.getLogger("memex.ratelimit")
 
 
-class WindowLimiter:
-    def __init__(self, limit: int, window_seconds: float, *, max_keys: int = 100_000) -> None:
-        self.limit = limit
-        self.window = window_seconds
-        self.max_keys = max_keys
-        self._hits: dict[str, deque[float]] = {}
+def storage_for(uri: str):
+    """The async storage behind a `limits` storage URI (``memory://``, ``redis://…``; ``async+`` optional).
+    Raises ``ConfigurationError`` for an unknown scheme or a missing client library (nothing connects yet)."""
+    uri = (uri or "memory://").strip()
+    if not uri.startswith("async+"):
+        uri = "async+" + uri
+    return storage_from_string(uri, wrap_exceptions=True)
 
-    def _prune(self, key: str, now: float) -> deque[float]:
-        hits = self._hits.get(key)
-        if hits is None:
-            if len(self._hits) >= self.max_keys:
-                self._hits.clear()  # bounded memory under a flood of identifiers
-            hits = self._hits[key] = deque()
-        while hits and hits[0] <= now - self.window:
-            hits.popleft()
-        return hits
 
-    def retry_after(self, key: str) -> int:
-        """Seconds until ``key`` may act again; 0 when it is under its limit now."""
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One policy: ``amount`` per ``window`` seconds, under a ``name`` that prefixes its counters."""
+
+    name: str
+    amount: int
+    window: int
+
+    @property
+    def policy(self) -> str:
+        """The ``RateLimit-Policy`` form: ``<amount>;w=<seconds>``."""
+        return f"{self.amount};w={self.window}"
+
+    def item(self):
+        per = RateLimitItemPerHour if self.window == 3600 else RateLimitItemPerMinute
+        return per(self.amount, namespace=f"memex-{self.name}")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a limit said: allowed or not, what is left and in how many seconds a slot frees."""
+
+    limit: Limit
+    allowed: bool
+    remaining: int
+    reset: int  # seconds until the next slot frees (0: nothing counted)
+
+    @property
+    def retry_after(self) -> int:
+        return 0 if self.allowed else max(1, self.reset)
+
+    def headers(self) -> dict[str, str]:
+        """``RateLimit-Limit``/``-Remaining``/``-Reset`` and ``RateLimit-Policy`` (IETF httpapi draft)."""
+        return {
+            "RateLimit-Limit": str(self.limit.amount),
+            "RateLimit-Remaining": str(max(0, self.remaining)),
+            "RateLimit-Reset": str(max(0, self.reset)),
+            "RateLimit-Policy": self.limit.policy,
+        }
+
+
+class RateLimits:
+    """The limiter over one storage; ``hit`` counts, ``check`` only looks."""
+
+    def __init__(self, storage_uri: str = "memory://") -> None:
+        self.storage_uri = storage_uri
+        self.storage = storage_for(storage_uri)
+        self.strategy: RateLimiter = (
+            MovingWindowRateLimiter(self.storage) if isinstance(self.storage, MovingWindowSupport)
+            else SlidingWindowCounterRateLimiter(self.storage)
+        )
+        self._items: dict[Limit, object] = {}
+        self._warned = 0.0
+
+    def _item(self, limit: Limit):
+        item = self._items.get(limit)
+        if item is None:
+            item = self._items[limit] = limit.item()
+        return item
+
+    async def _stats(self, limit: Limit, identifier: str, allowed: bool) -> Verdict:
+        stats = await self.strategy.get_window_stats(self._item(limit), identifier)
+        reset = max(0, math.ceil(stats.reset_time - time.time())) if stats.remaining < limit.amount else 0
+        return Verdict(limit, allowed, stats.remaining, reset)
+
+    async def hit(self, limit: Limit, identifier: str) -> Verdict:
+        """Count one action against ``limit`` for ``identifier``; over the limit, nothing is counted."""
+        try:
+            allowed = await self.strategy.hit(self._item(limit), identifier)
+            return await self._stats(limit, identifier, allowed)
+        except StorageError as exc:
+            return self._fail_open(limit, exc)
+
+    async def check(self, limit: Limit, identifier: str) -> Verdict:
+        """Whether one more action would be allowed, counting nothing."""
+        try:
+            allowed = await self.strategy.test(self._item(limit), identifier)
+            return await self._stats(limit, identifier, allowed)
+        except StorageError as exc:
+            return self._fail_open(limit, exc)
+
+    def _fail_open(self, limit: Limit, exc: Exception) -> Verdict:
         now = time.monotonic()
-        hits = self._prune(key, now)
-        if len(hits) < self.limit:
-            return 0
-        return max(1, math.ceil(hits[0] + self.window - now))
-
-    def hit(self, key: str) -> int:
-        """Record one action; returns 0 if allowed, else the seconds to wait (nothing recorded)."""
-        wait = self.retry_after(key)
-        if wait == 0:
-            self._hits[key].append(time.monotonic())
-        return wait
+        if now - self._warned > 60:  # once a minute, not once a request
+            self._warned = now
+            log.warning("rate-limit storage %s failed (%s): letting requests through", self.storage_uri.split("@")[-1], exc)
+        return Verdict(limit, True, limit.amount, 0)

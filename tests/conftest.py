@@ -128,6 +128,8 @@ def start_live(tmp: Path, **overrides):
         signup_rate_per_hour=overrides.pop("signup_rate_per_hour", 100_000),
         auth_failures_per_minute=overrides.pop("auth_failures_per_minute", 100_000),
         key_rate_per_minute=overrides.pop("key_rate_per_minute", 1_000_000),
+        org_rate_per_minute=overrides.pop("org_rate_per_minute", 1_000_000),
+        auth_address_failures_per_minute=overrides.pop("auth_address_failures_per_minute", 100_000),
         worker_poll_seconds=0.2,
         **overrides,
     )

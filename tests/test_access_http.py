@@ -73,7 +73,7 @@ async def test_service_token_over_rest_and_mcp(access_live):
     with live.client() as c:
         init = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
         hdr = {**_jwt(token), "accept": "application/json, text/event-stream"}
-        assert_error(c.post(f"/orgs/{other.slug}/mcp", json=init, headers=hdr), 404)
+        assert_error(c.post(f"/orgs/{other.slug}/mcp", json=init, headers=hdr), 401)  # not bound there
         assert c.delete(f"/v1/service-tokens/{SERVICE_COMMON_NAME}", headers=org.headers).status_code == 204
         assert_error(c.get("/v1/thoughts", headers=_jwt(token)), 401)
 

@@ -24,7 +24,8 @@ NEW = "The quarterly review is now held in the Bergen office."
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
     settings = Settings(data_dir=tmp_path_factory.mktemp("decisions"), embedder="hash", signup_rate_per_hour=100_000,
-                        auth_failures_per_minute=100_000, key_rate_per_minute=1_000_000, worker_poll_seconds=0.2)
+                        auth_failures_per_minute=100_000, key_rate_per_minute=1_000_000, worker_poll_seconds=0.2,
+                        org_rate_per_minute=1_000_000, auth_address_failures_per_minute=100_000)
     backend = build_backend(settings)
     backend.embedder = ScriptedEmbedder()
     backend.llm = ScriptedLLM()
