@@ -1,5 +1,7 @@
 """Who may come in through Cloudflare Access: members (email -> role) and service tokens
-(common_name -> scopes), each bound to one organization and managed by its admins."""
+(common_name -> scopes), bound per organization and managed by its admins. The same email or common_name
+may be bound by several organizations, each with its own role or scopes; which one a request acts in is
+chosen by its URL or Memex-Organization header (tenancy.auth), never by who bound it last."""
 
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ class OrgBindings:
             [common_name, name, json.dumps(sorted(set(scopes))), now_ms()],
         )
         if res.changes == 0:
-            raise Conflict("this service token is already bound", details={"field": "common_name"})
+            raise Conflict("this service token is already bound in this organization", details={"field": "common_name"})
         return await self.service_token(common_name)
 
     async def service_token(self, common_name: str) -> ServiceToken:

@@ -63,8 +63,8 @@ async def test_service_token_over_rest_and_mcp(access_live):
         assert r.status_code == 201, r.text
         token = make_token(key, kind="service")
         assert c.post("/v1/thoughts", json={"content": "written by a service token"}, headers=_jwt(token)).status_code == 201
-        other = signup(live, "svc-other")
-        assert_error(c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read"]}, headers=other.headers), 409)
+        other = signup(live, "svc-other")  # binding per organization: see tests/test_bindings_per_org.py
+        assert_error(c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read"]}, headers=org.headers), 409)
     async with mcp_session(org.mcp_url, _jwt(token)) as s:
         names = {t.name for t in (await s.list_tools()).tools}
         assert "capture_thought" in names
