@@ -320,7 +320,9 @@ class Enricher:
                         json.dumps([r["id"] for r in missing]),
                     )]
                     + [self.sql.stmt(
-                        "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?1, 'embed', ?2, ?3, ?3)",
+                        # not for a thought deleted meanwhile (its chunks are gone with it)
+                        "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) SELECT ?1, 'embed', ?2, ?3, ?3 "
+                        "WHERE EXISTS (SELECT 1 FROM chunks WHERE organization_id = ?1 AND parent_id = ?2)",
                         p, now,
                     ) for p in parents]
                 )

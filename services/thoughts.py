@@ -451,7 +451,8 @@ class Thoughts:
         await self.vectors.delete_by_ids(chunk_ids)
         await self.sql.batch(
             [
-                self.sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3", EMBED_JOB, doc_id),
+                # every job queued for it (embed, enrich, ...); the documents trigger does the same for any path
+                self.sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND target_id = ?2", doc_id),
                 self.sql.stmt("DELETE FROM documents WHERE organization_id = ?1 AND id = ?2", doc_id),
             ]
         )

@@ -142,3 +142,89 @@ def _wait_worker_done(live, org, kind, pid) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"the worker did not finish the jobs of {kind} {pid}")
+
+
+# -- queued and running jobs of a deleted parent -----------------------------------------------------------
+
+
+def _jobs_of(live, org, pid) -> set[str]:
+    return {k for (k,) in live.sql("SELECT kind FROM jobs WHERE organization_id = ? AND target_id = ?", (org.id, pid))}
+
+
+@pytest.mark.parametrize("kind", ["conversation", "thought"])
+def test_delete_cancels_every_queued_job_of_its_parent(hlive, kind):
+    """Embed and enrich jobs alike: none is left queued for a deleted thought or conversation."""
+    org = signup(hlive, "race-jobs")
+    with hlive.client() as http, Instrumented(hlive, org.id) as ix:
+        r = http.post("/v1/thoughts", json={"content": "The worker is held on this note's vectors. " * 8}, headers=org.headers)
+        assert r.status_code == 201, r.text  # the worker takes this one's jobs and is held at its upsert
+        assert ix.upsert.reached.wait(WAIT), "the worker never reached its upsert"
+        pid = _write(http, org, kind)  # its jobs queue behind the held batch
+        assert _jobs_of(hlive, org, pid) == ({"embed", "enrich"} if kind == "thought" else {"embed"})
+        assert _delete(http, org, kind, pid) == 204
+        assert _jobs_of(hlive, org, pid) == set()
+        ix.upsert.release.set()
+        _wait_no_jobs(hlive, org)
+    assert _left(hlive, org, pid) == []
+
+
+class HeldFetch(Instrumented):
+    """Also holds the first read of the organization's vectors by id (the enrichment, about to re-tag them):
+    before the read, or after it (the vectors in hand)."""
+
+    def __init__(self, live, org_id: str, *, after: bool) -> None:
+        super().__init__(live, org_id)
+        self.upsert.armed = False
+        self.fetch = Hold()
+        self.fetch.armed = False
+        self.after = after
+        self._get = self.index.get_by_ids
+
+    async def _held_get(self, ids):
+        held = self.fetch.armed and self.ours(ids)
+        if held and not self.after:
+            await self.fetch.hold()
+        out = await self._get(ids)
+        if held and self.after:
+            await self.fetch.hold()
+        return out
+
+    def __enter__(self):
+        super().__enter__()
+        self.index.get_by_ids = self._held_get
+        return self
+
+    def __exit__(self, *exc):
+        self.fetch.release.set()
+        super().__exit__(*exc)
+        del self.index.get_by_ids
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_delete_while_an_enrich_job_is_mid_way(hlive, when):
+    """An enrich job of an indexed thought has stored its tags and is about to re-tag its chunks' vectors
+    (before reading them, or with them in hand) when the thought is deleted: no vector of it is left and no
+    job is queued for it afterwards."""
+    org = signup(hlive, "race-enrich")
+    with hlive.client() as http, HeldFetch(hlive, org.id, after=when == "after") as ix:
+        pid = _write(http, org, "thought")
+        assert hlive.wait_indexed(org.headers, pid)["indexing"]["state"] == "indexed"
+        _wait_no_jobs(hlive, org)
+        # enrich it again, later than its embedding (as a model-backed enrichment retried after a failure is)
+        hlive.sql("UPDATE documents SET enrichment_state = NULL WHERE id = ?", (pid,))
+        hlive.sql("INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?, 'enrich', ?, 0, 0)",
+                  (org.id, pid))
+        ix.fetch.armed = True
+        woke = http.post("/v1/thoughts", json={"content": "A note that wakes the worker up."}, headers=org.headers)
+        assert woke.status_code == 201, woke.text
+        assert ix.fetch.reached.wait(WAIT), "the enrichment never read the vectors"
+        assert _delete(http, org, "thought", pid) == 204
+        last_job = _last_job_id(hlive)
+        ix.fetch.release.set()
+        _wait_no_jobs(hlive, org)
+        assert _last_job_id(hlive) == last_job  # no job was queued for it after its deletion
+    assert _left(hlive, org, pid) == []
+
+
+def _last_job_id(live) -> int:
+    return live.sql("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'")[0][0]
