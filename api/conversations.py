@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Response, delete, get, post
 from litestar.di import Provide
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 
 from api.errors import error_responses
@@ -24,6 +25,10 @@ from services.errors import InvalidInput
 from services.models import SearchResult
 from services.search import SearchOptions
 from services.temporal import TIME_JSON_SCHEMA, TimeValue, time_options
+
+#: An append that wrote nothing new: the Idempotency-Key's original result, or every client_id already stored.
+REPLAYED = ResponseSpec(data_container=AppendResult, generate_examples=False,
+                        description="A replay: nothing new was written; replayed counts the messages stored before")
 
 __all__ = ["ConversationCreateIn", "AppendIn", "ConversationController", "backfill_compress",
            "conversation_handlers", "CONVERSATION_TOOLS"]
@@ -87,14 +92,14 @@ class ConversationController(Controller):
         await org.conversations.delete(conversation_id)
 
     @post("/{conversation_id:str}/messages", operation_id="appendMessages", guards=[WRITE], status_code=201,
-          responses=error_responses(400, 404, 409, 413, *AUTH_ERRORS),
-          summary="Append 1-100 messages (sequences are assigned by the server, contiguous from 1)")
+          responses={200: REPLAYED, **error_responses(400, 404, 409, 413, *AUTH_ERRORS)},
+          summary="Append 1-100 messages (sequences are assigned by the server, contiguous from 1); 200 for a replay")
     async def append(self, conversation_id: ConversationId, data: AppendIn, org: OrgServices,
                      idempotency_key: IdempotencyKey = None) -> Response[AppendResult]:
         result, replayed = await org.conversations.append(conversation_id, data.messages, idempotency_key=idempotency_key,
                                                           created_at=data.created_at, session=data.session)
         headers = {"Idempotent-Replayed": "true"} if replayed else None
-        return Response(result, status_code=201, headers=headers)
+        return Response(result, status_code=200 if replayed else 201, headers=headers)
 
     @get("/{conversation_id:str}/messages", operation_id="listMessages", guards=[READ],
          responses=error_responses(400, 404, *AUTH_ERRORS), summary="Messages in a sequence range, in order")

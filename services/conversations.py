@@ -327,8 +327,9 @@ class Conversations:
         self, conversation_id: str, messages: Sequence[MessageIn], *, idempotency_key: str | None = None,
         created_at: int | str | None = None, session: str | None = None,
     ) -> tuple[AppendResult, bool]:
-        """Append 1-100 messages. Returns ``(result, replayed)``: ``replayed`` is True when the
-        Idempotency-Key was seen before and ``result`` is the original response. ``created_at`` and ``session``
+        """Append 1-100 messages. Returns ``(result, replayed)``: ``replayed`` is True when nothing new was
+        written: the Idempotency-Key was seen before (``result`` is the original response, with ``replayed`` =
+        ``appended``), or every message's client_id was already stored. ``created_at`` and ``session``
         are the defaults of the messages that carry none (a session's date and label)."""
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 255:
             raise InvalidInput("Idempotency-Key must be 1-255 characters", details={"field": "Idempotency-Key"})
@@ -449,7 +450,8 @@ class Conversations:
         if snap.recorded is not None:
             if snap.recorded["request_hash"] != request_hash:
                 raise Conflict("this Idempotency-Key was used with a different request", details={"field": "Idempotency-Key"})
-            return msgspec.json.decode(snap.recorded["response"], type=AppendResult), True
+            original = msgspec.json.decode(snap.recorded["response"], type=AppendResult)
+            return msgspec.structs.replace(original, replayed=original.appended), True  # all of it, this time
 
         fresh = [i for i in items if i.client_id is None or i.client_id not in snap.existing]
         last, n = snap.last_sequence, len(fresh)
@@ -457,7 +459,7 @@ class Conversations:
             out = [AppendedMessage(id=snap.existing[i.client_id]["id"], sequence=snap.existing[i.client_id]["sequence"],
                                    client_id=i.client_id) for i in items]
             return AppendResult(conversation_id=cid, appended=len(items), replayed=len(items), messages=out,
-                                message_count=last), False
+                                message_count=last), True
 
         token = new_id()
         assigned: dict[int, tuple[str, int]] = {}  # index in items -> (id, sequence)

@@ -293,11 +293,13 @@ def test_retried_append_with_client_ids_is_a_no_op(hlive, a, http):
     msgs = [{**m, "client_id": f"m-{i}"} for i, m in enumerate(_msgs(4))]
     first = _append(http, a, cid, msgs).json()
     again = _append(http, a, cid, msgs)
-    assert again.status_code == 201
+    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"  # nothing new written
     assert again.json()["messages"] == first["messages"] and again.json()["replayed"] == 4
     assert http.get(f"/v1/conversations/{cid}", headers=a.headers).json()["message_count"] == 4
     # A retry that adds a message appends only the new one, after the others.
-    more = _append(http, a, cid, [*msgs[2:], {"role": "user", "content": "new", "client_id": "m-new"}]).json()
+    more = _append(http, a, cid, [*msgs[2:], {"role": "user", "content": "new", "client_id": "m-new"}])
+    assert more.status_code == 201 and "idempotent-replayed" not in more.headers
+    more = more.json()
     assert [m["sequence"] for m in more["messages"]] == [3, 4, 5] and more["replayed"] == 2
     assert hlive.sql("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (cid,)) == [(5,)]
     assert_error(_append(http, a, cid, [msgs[0], msgs[0]]), 400, "invalid_input")
@@ -310,8 +312,9 @@ def test_idempotency_key_replays_the_original_response(hlive, a, http):
     assert first.status_code == 201 and "idempotent-replayed" not in first.headers
     _append(http, a, cid, _msgs(2, start=3))
     again = _append(http, a, cid, msgs, **{"Idempotency-Key": "req-1"})
-    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
-    assert again.json() == first.json()
+    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    # the original result, saying that all of it was replayed this time
+    assert again.json() == {**first.json(), "replayed": 3} and first.json()["replayed"] == 0
     assert hlive.sql("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (cid,)) == [(5,)]
     # The same key with another request is a conflict, and changes nothing.
     assert_error(_append(http, a, cid, _msgs(1), **{"Idempotency-Key": "req-1"}), 409, "conflict")
@@ -323,8 +326,9 @@ async def test_concurrent_retries_with_one_key_append_once(hlive, a, http):
     msgs = _msgs(5)
     async with httpx.AsyncClient(base_url=hlive.base_url, timeout=60, headers={**a.headers, "Idempotency-Key": "same"}) as c:
         results = await asyncio.gather(*[c.post(f"/v1/conversations/{cid}/messages", json={"messages": msgs}) for _ in range(6)])
-    assert {r.status_code for r in results} == {201}
-    assert len({json.dumps(r.json(), sort_keys=True) for r in results}) == 1
+    assert sorted(r.status_code for r in results) == [200] * 5 + [201]  # one append, five replays
+    assert len({json.dumps({**r.json(), "replayed": 0}, sort_keys=True) for r in results}) == 1
+    assert sorted(r.json()["replayed"] for r in results) == [0] + [5] * 5
     assert hlive.sql("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (cid,)) == [(5,)]
 
 
