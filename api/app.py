@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
@@ -20,6 +21,8 @@ from api.errors import exception_handlers
 from api.history import history_handlers  # also registers the history MCP tools
 from api.mcp import mcp_handlers
 from api.routes import route_handlers
+from api.limits import MAX_BODY_BYTES, guard
+from api.schema_fixes import constrain_optional_parameters
 from api.strict import strict_body
 from api.settings import Settings
 from api.wiring import Memex
@@ -104,11 +107,22 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
             expose_headers=["Mcp-Session-Id", "Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
                             "RateLimit-Policy"],
         ),
-        request_max_body_size=8 * 1024 * 1024,
+        request_max_body_size=MAX_BODY_BYTES,
         debug=False,
     )
     _close_request_objects(app)
+    constrain_optional_parameters(app)
+    _guard_limits(app)
     return app
+
+
+def _guard_limits(app: Litestar) -> None:
+    """api.limits runs before routing: URL, header and body limits, and OPTIONS' Allow per route."""
+    methods: dict[str, set[str]] = {}
+    for route in app.routes:
+        template = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path)  # as scope["path_template"] names it
+        methods.setdefault(template, set()).update(getattr(route, "methods", ()))
+    app.asgi_handler = guard(app.asgi_handler, methods.get)
 
 
 def _all_structs(base: type) -> list[type]:

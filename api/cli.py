@@ -46,6 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.server import server_options
 
     settings = _settings(args)
     base = settings.public_url or f"http://{args.host}:{args.port}"
@@ -55,9 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  Get a key:    curl -s -X POST {base}/v1/signup -H 'content-type: application/json' -d '{{\"name\": \"Acme\", \"slug\": \"acme\"}}'")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
-    # proxy_headers=False: uvicorn would otherwise believe X-Forwarded-For from any loopback peer as the client;
-    # Memex reads it itself, from MEMEX_TRUSTED_PROXIES only (tenancy/addresses.py).
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **server_options())
     return 0
 
 

@@ -50,8 +50,9 @@ class AppendIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 ConversationId = Annotated[str, Parameter(max_length=64, description="conversation id")]
-From = Annotated[int, Parameter(query="from", ge=1, description="first sequence to return")]
-To = Annotated[int | None, Parameter(ge=1, description="last sequence to return (inclusive)")]
+MAX_SEQUENCE = 2**53 - 1
+From = Annotated[int, Parameter(query="from", ge=1, le=MAX_SEQUENCE, description="first sequence to return")]
+To = Annotated[int | None, Parameter(ge=1, le=MAX_SEQUENCE, description="last sequence to return (inclusive)")]
 PageLimit = Annotated[int, Parameter(ge=1, le=1000, description="messages per page")]
 ListLimit = Annotated[int, Parameter(ge=1, le=100)]
 Before = Annotated[str | None, Parameter(max_length=100, pattern=r"^[0-9]{1,15}:[0-9A-Za-z_-]{1,64}$",
@@ -207,7 +208,7 @@ CONVERSATION_TOOLS: list[McpTool] = [
     ),
     McpTool(
         "get_conversation", "read", "A conversation with a page of its messages in order (page with from / next_from).",
-        _obj({"conversation_id": _CID, "from": {"type": "integer", "minimum": 1, "default": 1},
+        _obj({"conversation_id": _CID, "from": {"type": "integer", "minimum": 1, "maximum": MAX_SEQUENCE, "default": 1},
               "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}, ["conversation_id"]),
         output_schema(ConversationDetail), _get,
     ),

@@ -9,6 +9,9 @@ server has no stream to open and no session to end.
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,18 +20,24 @@ import mcp.types as t
 from jsonschema import Draft202012Validator
 import msgspec
 from litestar import Request, route
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from api.errors import error_response
+from api.limits import MAX_JSON_DEPTH
+from api.strict import json_too_deep
 from api.wiring import Memex, OrgServices
 from services.errors import MemexError, NotFound
 from services.models import CaptureResult, SearchResult, ThoughtDetail, ThoughtPage
 from services.search import SearchOptions
+from services.temporal import MAX_MS
 
 __all__ = ["mcp_handlers", "McpTool", "TOOLS", "register_tools"]
+
+log = logging.getLogger("memex.mcp")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def output_schema(tp: Any) -> dict[str, Any]:
@@ -102,7 +111,7 @@ TOOLS: list[McpTool] = [
         "Save a markdown note to this organization's memory. Idempotent: the same content returns the same id. "
         "The result's decision says what happened: created, duplicate (blocked; the existing id is returned), "
         "flagged (a possible duplicate of related_id), contradiction, merged, replaced or kept_both.",
-        _obj({"content": {"type": "string", "minLength": 1, "description": "markdown text"},
+        _obj({"content": {"type": "string", "minLength": 1, "description": "markdown text (at most 256 KiB of UTF-8)"},
               "source": {"type": "string", "maxLength": 500, "description": "where it came from, e.g. obsidian:note.md"},
               "metadata": {"type": "object", "description": "any JSON object"}}, ["content"]),
         output_schema(CaptureResult), _capture,
@@ -138,7 +147,7 @@ TOOLS: list[McpTool] = [
     McpTool(
         "list_recent", "read", "The most recent thoughts, newest first; page with before (epoch ms) and before_id.",
         _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-              "before": {"type": "integer", "minimum": 0}, "before_id": {"type": "string", "maxLength": 64}}, []),
+              "before": {"type": "integer", "minimum": 0, "maximum": MAX_MS}, "before_id": {"type": "string", "maxLength": 64}}, []),
         output_schema(ThoughtPage), _recent,
     ),
 ]
@@ -196,6 +205,9 @@ def build_server(org: OrgServices) -> Server:
             data = await tool.run(org, arguments)
         except MemexError as exc:
             return _tool_error(exc.code, exc.message, exc.details)
+        except Exception:  # never the raw exception text in a tool result
+            log.exception("MCP tool %s failed", tool.name)
+            return _tool_error("internal", "internal server error")
         return t.CallToolResult(
             content=[t.TextContent(type="text", text=msgspec.json.encode(data).decode())], structuredContent=data
         )
@@ -205,7 +217,9 @@ def build_server(org: OrgServices) -> Server:
 
 def _tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> t.CallToolResult:
     body = {"error": {"code": code, "message": message, "details": details or {}}}
-    return t.CallToolResult(content=[t.TextContent(type="text", text=msgspec.json.encode(body).decode())], isError=True)
+    # valid UTF-8 whatever the message quotes (a lone surrogate becomes U+FFFD)
+    text = _SURROGATE.sub("\ufffd", json.dumps(body, ensure_ascii=False, default=str))
+    return t.CallToolResult(content=[t.TextContent(type="text", text=text)], isError=True)
 
 
 def _security(memex: Memex) -> TransportSecuritySettings | None:
@@ -217,7 +231,7 @@ def _security(memex: Memex) -> TransportSecuritySettings | None:
     )
 
 
-def _endpoint(request: Request, slug: str | None) -> ASGIApp:
+async def _endpoint(request: Request, slug: str | None) -> ASGIApp:
     memex: Memex = request.app.state.memex
     ctx = request.user
     if slug is not None and slug != ctx.org_slug:
@@ -225,6 +239,15 @@ def _endpoint(request: Request, slug: str | None) -> ASGIApp:
     if request.method != "POST":
         return error_response(405, "method_not_allowed", "this MCP endpoint is stateless: POST JSON-RPC messages",
                               headers={"Allow": "POST"})
+    body = await request.body()  # bounded by api.limits (413)
+    if json_too_deep(body):
+        return error_response(400, "invalid_input", f"JSON nests deeper than {MAX_JSON_DEPTH} levels",
+                              {"jsonrpc_code": -32700})
+    try:  # the SDK's json.loads would take lone surrogates (and recurse without bound)
+        msgspec.json.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        return error_response(400, "invalid_input", "the body is not valid JSON (UTF-8, no lone surrogates)",
+                              {"jsonrpc_code": -32700, "reason": str(exc)[:200]})
     org = memex.for_org(ctx)
     security = _security(memex)
 
@@ -232,20 +255,72 @@ def _endpoint(request: Request, slug: str | None) -> ASGIApp:
         manager = StreamableHTTPSessionManager(app=build_server(org), stateless=True, json_response=True,
                                                security_settings=security)
         async with manager.run():
-            await manager.handle_request(scope, receive, send)
+            await manager.handle_request(scope, _replay(body), _error_bodies(send))
 
     return app
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+_TRANSPORT_MESSAGES = {-32700: "the body is not valid JSON", -32602: "not a valid JSON-RPC message"}
+_TRANSPORT_CODES = {400: "invalid_input", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+                    406: "not_acceptable", 415: "unsupported_media_type", 421: "misdirected_request", 500: "internal"}
+
+
+def _error_bodies(send: Send) -> Send:
+    """The SDK transport answers its own errors (JSON-RPC errors or plain text): as the one error body."""
+    held: dict[str, Any] = {}
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            held.update(start=message, body=b"")
+            return
+        if not held:
+            await send(message)
+            return
+        held["body"] += message.get("body", b"")
+        if message.get("more_body"):
+            return
+        start = held["start"]
+        status = start["status"]
+        code, text = None, held["body"].decode("utf-8", "replace")
+        try:
+            err = json.loads(text).get("error") or {}
+            code, text = err.get("code"), str(err.get("message") or text)
+        except (ValueError, AttributeError):
+            pass
+        text = _TRANSPORT_MESSAGES.get(code, text.strip()[:300] or "error")
+        details = {"jsonrpc_code": code} if isinstance(code, int) else {}
+        out = msgspec.json.encode({"error": {"code": _TRANSPORT_CODES.get(status, "error"), "message": text,
+                                             "details": details}})
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-type", b"content-length")]
+        await send({**start, "headers": [*headers, (b"content-type", b"application/json"),
+                                         (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
+    return wrapped
 
 
 @route("/orgs/{org_slug:str}/mcp", http_method=["GET", "POST", "DELETE"], operation_id="mcpForOrg",
        include_in_schema=False)
 async def mcp_for_org(request: Request, org_slug: str) -> ASGIApp:
-    return _endpoint(request, org_slug)
+    return await _endpoint(request, org_slug)
 
 
 @route("/mcp", http_method=["GET", "POST", "DELETE"], operation_id="mcp", include_in_schema=False)
 async def mcp_from_credential(request: Request) -> ASGIApp:
-    return _endpoint(request, None)
+    return await _endpoint(request, None)
 
 
 mcp_handlers = [mcp_for_org, mcp_from_credential]

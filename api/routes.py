@@ -22,7 +22,7 @@ from services.errors import RateLimited
 from services.ids import now_ms
 from services.models import CaptureResult, ThoughtDetail, ThoughtPage
 from services.search import SearchOptions
-from services.temporal import time_options
+from services.temporal import MAX_MS, time_options
 from tenancy.keys import KeyRecord
 
 __all__ = ["route_handlers", "org_services"]
@@ -161,7 +161,7 @@ class AccessController(Controller):
 
 ThoughtId = Annotated[str, Parameter(max_length=64, description="thought id")]
 Limit = Annotated[int, Parameter(ge=1, le=100)]
-Before = Annotated[int | None, Parameter(ge=0, description="epoch ms: only thoughts created strictly before")]
+Before = Annotated[int | None, Parameter(ge=0, le=MAX_MS, description="epoch ms: only thoughts created strictly before")]
 BeforeId = Annotated[str | None, Parameter(max_length=64, description="tie-break cursor from next_before_id")]
 
 

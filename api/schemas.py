@@ -67,7 +67,7 @@ class KeyList(msgspec.Struct):
 
 
 class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
-    content: Annotated[str, msgspec.Meta(min_length=1)]
+    content: Annotated[str, msgspec.Meta(min_length=1, description="markdown text, at most 256 KiB of UTF-8 (413 above)")]
     source: Annotated[str, msgspec.Meta(max_length=500)] | None = None
     metadata: dict[str, Any] | None = None
 

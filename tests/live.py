@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from api.server import server_options
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -20,7 +22,7 @@ def free_port() -> int:
 def serve(app, *, port: int | None = None, timeout: float = 60.0):
     port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False,
-                            proxy_headers=False)  # as `memex serve`: the app alone decides whom to believe
+                            **server_options())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

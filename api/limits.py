@@ -1,0 +1,123 @@
+"""Request limits enforced before any route runs, answered with the one error body.
+
+``guard(app)`` wraps the Litestar ASGI handler (the outermost layer after the HTTP server):
+
+- a URL (path and query) longer than ``MAX_URL_BYTES`` is 414, request headers over ``MAX_HEADER_BYTES`` in
+  total are 431: whatever HTTP server lets such a request through;
+- a body longer than ``MAX_BODY_BYTES`` is 413: at once when Content-Length says so, else as soon as the
+  streamed body passes the limit (the app then sees a disconnect and its own reply is dropped). This covers
+  every route, the MCP endpoint included, whose SDK transport would read any body whole;
+- an OPTIONS reply's ``Allow`` lists exactly the methods of the route (Litestar's automatic OPTIONS handler
+  can name the methods of a sibling handler group only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import msgspec
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["guard", "error_bytes", "MAX_BODY_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_DEPTH"]
+
+log = logging.getLogger("memex.api")
+
+#: Largest request body (a capture is at most 1 MiB of text; a conversation append at most 100 x 64 KiB).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Longest path + query string.
+MAX_URL_BYTES = 8 * 1024
+#: Largest total of request header names and values.
+MAX_HEADER_BYTES = 16 * 1024
+#: Deepest nesting of arrays and objects in a JSON body (metadata included).
+MAX_JSON_DEPTH = 32
+
+_CODES = {400: "invalid_input", 413: "payload_too_large", 414: "uri_too_long", 431: "headers_too_large",
+          500: "internal", 501: "not_implemented"}
+
+
+def error_bytes(status: int, message: str, details: dict | None = None, code: str | None = None) -> bytes:
+    return msgspec.json.encode(
+        {"error": {"code": code or _CODES.get(status, "error"), "message": message, "details": details or {}}}
+    )
+
+
+async def _reply(send: Send, status: int, message: str, details: dict | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = error_bytes(status, message, details)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGIApp:
+    """``route_methods(path_template)``: the methods a route answers (for OPTIONS' Allow)."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        url = len(scope.get("raw_path") or scope["path"].encode("utf-8", "replace")) + len(scope.get("query_string", b""))
+        if url > MAX_URL_BYTES:
+            await _reply(send, 414, f"the URL is longer than {MAX_URL_BYTES} bytes", {"limit": MAX_URL_BYTES})
+            return
+        header_bytes = sum(len(k) + len(v) for k, v in scope["headers"])
+        if header_bytes > MAX_HEADER_BYTES:
+            await _reply(send, 431, f"the request headers are larger than {MAX_HEADER_BYTES} bytes",
+                         {"limit": MAX_HEADER_BYTES})
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            await _reply(send, 413, f"the body is larger than {MAX_BODY_BYTES} bytes", {"limit": MAX_BODY_BYTES})
+            return
+
+        state = {"received": 0, "started": False, "refused": False}
+
+        async def limited_receive() -> Message:
+            if state["refused"]:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+                if state["received"] > MAX_BODY_BYTES:
+                    state["refused"] = True
+                    if not state["started"]:
+                        state["started"] = True
+                        await _reply(send, 413, f"the body is larger than {MAX_BODY_BYTES} bytes",
+                                     {"limit": MAX_BODY_BYTES})
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if state["refused"]:
+                return  # the 413 has been sent; the app's own reply to the disconnect goes nowhere
+            if message["type"] == "http.response.start":
+                state["started"] = True
+                if scope.get("method") == "OPTIONS":
+                    message = _fix_allow(message, scope, route_methods)
+            await send(message)
+
+        try:
+            await app(scope, limited_receive, guarded_send)
+        except Exception:
+            log.exception("unhandled error outside the route handlers")
+            if not state["started"]:
+                await _reply(send, 500, "internal server error")
+
+    return guarded
+
+
+def _fix_allow(message: Message, scope: Scope, route_methods: Callable[[str], set[str] | None]) -> Message:
+    headers = message.get("headers") or []
+    if not any(k.lower() == b"allow" for k, _ in headers):
+        return message
+    methods = route_methods(scope.get("path_template") or "")
+    if not methods:
+        return message
+    allow = ", ".join(sorted(methods | {"OPTIONS"})).encode()
+    return {**message, "headers": [(k, allow if k.lower() == b"allow" else v) for k, v in headers]}
