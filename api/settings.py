@@ -136,6 +136,9 @@ class Settings:
     client_ip_header: str = "x-forwarded-for"
     #: Seconds a verified key stays cached in process (at most 60).
     key_cache_seconds: int = 60
+    #: Longest a cached key goes unchecked against the revocation log (0-0.9 s: a revocation anywhere stops it
+    #: within a second). Under traffic it costs one SQL read per interval per instance (on D1, API requests).
+    key_revocation_check_seconds: float = 0.5
     #: Cloudflare Access team domain (https://<team>.cloudflareaccess.com); Access is on when this and the AUD are set.
     access_team_domain: str | None = None
     #: Cloudflare Access application AUD tag(s).
@@ -279,6 +282,7 @@ class Settings:
             trusted_proxies=_list("MEMEX_TRUSTED_PROXIES"),
             client_ip_header=_env("MEMEX_CLIENT_IP_HEADER", "x-forwarded-for"),
             key_cache_seconds=min(60, _int("MEMEX_KEY_CACHE_SECONDS", 60)),
+            key_revocation_check_seconds=min(0.9, _float("MEMEX_KEY_REVOCATION_CHECK_SECONDS", 0.5)),
             access_team_domain=_env("MEMEX_ACCESS_TEAM_DOMAIN"),
             access_audience=_list("MEMEX_ACCESS_AUD"),
             access_jwks_url=_env("MEMEX_ACCESS_JWKS_URL"),

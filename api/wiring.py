@@ -156,7 +156,8 @@ class Memex:
     def __init__(self, settings: Settings, backend: Backend | None = None, *, access=None) -> None:
         self.settings = settings
         self.backend = backend or build_backend(settings)
-        self.keys = KeyManager(self.backend.db, cache_seconds=settings.key_cache_seconds)
+        self.keys = KeyManager(self.backend.db, cache_seconds=settings.key_cache_seconds,
+                               revocation_check_seconds=settings.key_revocation_check_seconds)
         self.orgs = OrgDirectory(self.backend.db, self.keys)
         if access is None and settings.access_enabled:
             from tenancy.access import AccessConfig, AccessVerifier
