@@ -4,6 +4,10 @@ WAL, foreign keys on, a busy timeout. Every call runs in a worker thread so the 
 disk. Writes go through one connection guarded by a lock (SQLite has one writer anyway); reads use a small
 pool of read connections so searches don't queue behind writes.
 
+Durability: ``synchronous=FULL``. In WAL mode NORMAL syncs only at checkpoints, so the last transactions
+before a power cut (or a kernel crash) can be lost although they were acknowledged; FULL syncs the WAL at
+every commit, which is what "an acknowledged write is kept" needs (its cost: README, "Durability").
+
 A full disk (SQLITE_FULL, ENOSPC) raises ``InsufficientStorage`` with SQLite's own message; the transaction is
 rolled back whole (a failing ROLLBACK, e.g. when SQLite already rolled back, never hides the cause).
 ``checkpoint()`` folds the WAL into the database and truncates it (the worker calls it when space returns).
@@ -44,7 +48,7 @@ def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout = 10000")
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA synchronous = FULL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     return conn
 
