@@ -278,11 +278,14 @@ class JobWorker:
         """Put the held jobs back as they were before their claim (a full disk is not an attempt), checkpoint
         the logs, and unpause. Raises ``InsufficientStorage`` while the disk is still full."""
         ids = [j.id for j in self._held]
-        await self.db.execute(
-            "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE state = 'pending' "
-            "AND id IN (SELECT value FROM json_each(?))",
-            (json.dumps(ids),),
-        )
+        if ids:
+            await self.db.execute(
+                "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE state = 'pending' "
+                "AND id IN (SELECT value FROM json_each(?))",
+                (json.dumps(ids),),
+            )
+        else:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
+            await self.db.execute("UPDATE jobs SET attempts = attempts WHERE id = (SELECT MAX(id) FROM jobs)")
         self._held = []
         for store in (self.db, self.index):
             checkpoint = getattr(store, "checkpoint", None)

@@ -59,6 +59,56 @@ async def test_a_full_store_refuses_the_whole_batch_with_its_cause(tmp_path):
         await db.close()
 
 
+async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(tmp_path):
+    """The vector file cannot grow: the worker holds its jobs (no attempt counted, none failed), pauses, and
+    indexes everything once the file may grow again."""
+    import asyncio
+
+    from services.adapters.hash_embedder import HashEmbedder
+    from services.adapters.local_vectors import LocalVectorIndex
+    from services.migrate import apply_pending
+    from services.scoped import OrgSql, OrgVectors
+    from services.thoughts import Thoughts
+    from services.worker import JobWorker
+
+    db = SqliteDatabase(tmp_path / "memex.sqlite3")
+    emb = HashEmbedder()
+    index = LocalVectorIndex(tmp_path / "vectors.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
+    worker = JobWorker(db, index, emb, poll_seconds=0.05)
+    try:
+        await apply_pending(db)
+        await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES ('org_full', 'full', 'F', 0)")
+        thoughts = Thoughts(OrgSql(db, "org_full"), OrgVectors(index, "org_full"), emb, on_enqueue=worker.wake)
+        for i in range(12):  # more vectors than the file's free pages hold
+            await thoughts.capture(f"Note {i}: the disk of the build cache fills up every Friday. " * 60)
+        with index._write_lock:
+            pages = index._db.execute("PRAGMA page_count").fetchone()[0]
+            index._db.execute(f"PRAGMA max_page_count = {pages}")
+        worker.start()
+        for _ in range(2000):
+            if worker.paused:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.paused and "full" in worker.paused
+        jobs = (await db.execute("SELECT state, attempts FROM jobs WHERE kind = 'embed'")).rows
+        assert jobs and all(j["state"] == "pending" and j["attempts"] <= 1 for j in jobs) and worker.failed == 0
+        with index._write_lock:
+            index._db.execute("PRAGMA max_page_count = 1073741823")  # space returns
+        worker.wake()
+        for _ in range(2000):
+            left = (await db.execute("SELECT COUNT(*) AS n FROM chunks WHERE indexed_at IS NULL")).rows[0]["n"]
+            if not left and not await worker.pending() and worker.paused is None:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.paused is None and await worker.pending() == 0 and left == 0
+        assert (await db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'failed'")).rows == [{"n": 0}]
+        assert len(await index.ids_in_namespace("org_full")) > 0
+    finally:
+        await worker.stop()
+        await index.close()
+        await db.close()
+
+
 @pytest.fixture
 def small_disk():
     """A 24 MiB tmpfs (root only); yields its path and unmounts it afterwards."""
