@@ -232,8 +232,13 @@ class UseRecorder:
         return True
 
     async def _later(self) -> None:
-        await asyncio.sleep(self.delay)
-        await self.flush()
+        # Uses added while a flush is writing find this task still running (so they schedule nothing): flush
+        # again until nothing is pending.
+        while True:
+            await asyncio.sleep(self.delay)
+            await self.flush()
+            if not self._pending:
+                return
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}

@@ -259,6 +259,34 @@ async def test_marking_an_unknown_thought_used_is_not_found_and_records_nothing(
     assert {v[0] for v in (await _uses(env)).values()} == {0}
 
 
+async def test_uses_added_while_a_flush_is_writing_are_written_too(env):
+    recorder = env.ranking.uses
+    recorder.delay = 0.01
+    writing, release = asyncio.Event(), asyncio.Event()
+    execute = env.db.execute
+
+    async def slow_execute(sql, params=()):  # the real statement, held while the second use arrives
+        if sql.startswith("UPDATE documents SET use_weight"):
+            writing.set()
+            await release.wait()
+        return await execute(sql, params)
+
+    env.db.execute = slow_execute
+    try:
+        await env.thoughts.mark_used([env.ids["bakery"]])
+        await asyncio.wait_for(writing.wait(), 10)
+        await env.thoughts.mark_used([env.ids["ferry"]])  # arrives during the flush
+        release.set()
+        for _ in range(500):
+            uses = await _uses(env)
+            if uses[env.ids["ferry"]][0] == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert uses[env.ids["bakery"]][0] == 1 and uses[env.ids["ferry"]][0] == 1
+    finally:
+        env.db.execute = execute
+
+
 async def test_the_use_recorder_flushes_by_itself(env):
     env.ranking.uses.delay = 0.01
     await env.thoughts.mark_used([env.ids["bakery"]])
