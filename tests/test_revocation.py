@@ -49,6 +49,9 @@ def _cli_env(live) -> dict[str, str]:
             MEMEX_SQL=s.sql, MEMEX_VECTORS=s.vectors, CLOUDFLARE_ACCOUNT_ID=s.cloudflare_account_id,
             CLOUDFLARE_API_TOKEN=s.cloudflare_api_token, CLOUDFLARE_D1_DATABASE_ID=s.cloudflare_d1_database_id,
             CLOUDFLARE_VECTORIZE_INDEX=s.cloudflare_vectorize_index, CLOUDFLARE_API_BASE_URL=s.cloudflare_api_base_url,
+            # the server's budget: the emulator's window holds the whole session's requests, which the default
+            # budget (1,100 per 5 minutes) would take for an exhausted token
+            MEMEX_CLOUDFLARE_BUDGET=str(s.cloudflare_budget_limit),
         )
     return env
 
