@@ -461,12 +461,29 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
+def bench_data_dir(path: str | None, prefix: str, keep: bool = False):
+    """Yield the data directory a bench-started server uses: ``path`` (created, kept), else a fresh temporary one
+    (removed afterwards unless ``keep``)."""
+    if path:
+        data_dir = Path(path)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        yield data_dir
+        return
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    try:
+        yield Path(tmp.name)
+    finally:
+        if not keep:
+            tmp.cleanup()
+
+
+@contextmanager
 def serve_subprocess(data_dir: Path, env: dict[str, str], *, log_name: str = "bench-server.log", log_mode: str = "w",
                      why: dict[str, str] | None = None):
     """Start ``python -m api.cli serve`` on a free loopback port with BENCH_ENV plus ``env`` (printed, with
     ``why``: the reason for each setting the bench changes); yield (base_url, proc, seconds until healthy,
     command); stop it on exit."""
-    announce_settings({k: v for k, v in env.items() if k.startswith("MEMEX_")}, why)
+    announce_settings({k: v for k, v in env.items() if not k.startswith("CLOUDFLARE_")}, why)
     port = free_port()
     # The product's defaults: no MEMEX_* setting of the caller's shell leaks in; BENCH_ENV and ``env`` only.
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMEX_")}
@@ -493,23 +510,13 @@ def service(args):
     if args.url:
         yield args.url.rstrip("/"), {"started_by_bench": False}
         return
-    tmp = None
-    if args.data_dir:
-        data_dir = Path(args.data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="memex-bench-")
-        data_dir = Path(tmp.name)
     env = {} if args.embedder == "local" else {"MEMEX_EMBEDDER": args.embedder}
     why = {"MEMEX_EMBEDDER": "--embedder hash: a free embedding, to time everything but the model"}
-    try:
+    with bench_data_dir(args.data_dir, "memex-bench-", args.keep) as data_dir:
         with serve_subprocess(data_dir, env, why=why) as (base, proc, ready, cmd):
             log(f"server pid {proc.pid} on {base} ready in {ready:.1f} s (data {data_dir})")
             yield base, {"started_by_bench": True, "pid": proc.pid, "ready_s": round(ready, 2),
                          "data_dir": str(data_dir), "command": cmd}
-    finally:
-        if tmp is not None and not args.keep:
-            tmp.cleanup()
 
 
 def code_revision() -> str:

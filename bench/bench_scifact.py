@@ -41,7 +41,6 @@ import math
 import secrets
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +52,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import serve_subprocess  # noqa: E402
+from bench_foundation import bench_data_dir, serve_subprocess  # noqa: E402
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
 STATE_FILE = "bench_scifact.json"
 REFERENCE = {"BM25": 66.5, "all-MiniLM-L6-v2": 64.5, "bge-small-en-v1.5": 71.3, "bge-base-en-v1.5": 74.3,
@@ -137,21 +136,11 @@ def service(args):
     if args.url:
         yield args.url.rstrip("/"), (Path(args.data_dir) if args.data_dir else None), {"started_by_bench": False}
         return
-    tmp = None
-    if args.data_dir:
-        data_dir = Path(args.data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="memex-scifact-")
-        data_dir = Path(tmp.name)
     env: dict[str, str] = {}  # the product's defaults (embedded: SQLite, local vectors, local MiniLM)
-    try:
+    with bench_data_dir(args.data_dir, "memex-scifact-") as data_dir:
         with serve_subprocess(data_dir, env, log_mode="a") as (base, proc, _ready, _cmd):
             log(f"server pid {proc.pid} on {base} (data {data_dir})")
             yield base, data_dir, {"started_by_bench": True, "pid": proc.pid, "data_dir": str(data_dir)}
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 class Api:

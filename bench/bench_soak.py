@@ -44,7 +44,6 @@ import os
 import random
 import secrets
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict, deque
@@ -54,7 +53,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import (  # noqa: E402
-    NoteGenerator, announce_settings, code_revision, cpu_seconds, log, pct, queries, serve_subprocess,
+    NoteGenerator, bench_data_dir, code_revision, cpu_seconds, log, pct, queries, serve_subprocess,
 )
 import conversation_data  # noqa: E402
 
@@ -432,27 +431,19 @@ def main() -> int:
     args = ap.parse_args()
     warmup_min = args.warmup if args.warmup is not None else min(3.0, args.minutes / 10)
 
-    tmp = None
-    if args.data_dir:
-        data_dir = Path(args.data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="memex-soak-")
-        data_dir = Path(tmp.name)
     env = {} if args.embedder == "local" else {"MEMEX_EMBEDDER": args.embedder}
     why = {"MEMEX_EMBEDDER": "--embedder hash: a free embedding, for short diagnostic runs"}
     for kv in args.server_env:
         k, _, v = kv.partition("=")
         env[k] = v
         why[k] = "--server-env (diagnostic)"
-    announce_settings(env, why)
     revision = code_revision()
     load0 = os.getloadavg()[0]
     state = {"steady": threading.Event(), "conversations": conversation_data.build(24, 80, seed=4242).conversations}
     stats = Stats()
     samples: list[dict] = []
-    try:
-        with serve_subprocess(data_dir, env, log_name="soak-server.log") as (base, proc, ready, cmd):
+    with bench_data_dir(args.data_dir, "memex-soak-", args.keep) as data_dir:
+        with serve_subprocess(data_dir, env, log_name="soak-server.log", why=why) as (base, proc, ready, cmd):
             pid = proc.pid
             log(f"server pid {pid} on {base} ready in {ready:.1f} s (data {data_dir}); revision {revision}")
             with httpx.Client(base_url=base, timeout=30) as c:
@@ -488,9 +479,6 @@ def main() -> int:
                             "thoughts": sum(o.live()[0] for o in orgs), "conversations": sum(o.live()[1] for o in orgs),
                             "messages": sum(o.live()[2] for o in orgs), "requests": None, "cpu_s": cpu_seconds(pid)})
             server_log = (data_dir / "soak-server.log").read_text(errors="replace")
-    finally:
-        if tmp is not None and not args.keep:
-            tmp.cleanup()
 
     tracebacks = server_log.count("Traceback")
     good = [s for s in samples if s["rss_mb"] is not None]
