@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
@@ -104,3 +106,25 @@ def test_host_and_origin_checking_is_configurable(guarded):
         assert c.post(f"/orgs/{org.slug}/mcp", json=init, headers=hdr).status_code == 200
         assert c.post(f"/orgs/{org.slug}/mcp", json=init, headers={**hdr, "origin": "https://evil.example"}).status_code == 403
         assert c.post(f"/orgs/{org.slug}/mcp", json=init, headers={**hdr, "host": "evil.example"}).status_code == 421
+
+
+async def test_mark_used_counts_only_the_callers_own_thoughts(live, org, other_org):
+    """mark_used: the organization's own ids are recorded; another organization's id is not_found and records
+    nothing (nothing visible, nothing changed); a read-only key does not see the tool."""
+    with live.client() as c:
+        tid = c.post("/v1/thoughts", json={"content": "Alpha's deploy freeze starts on the 20th."},
+                     headers=org.headers).json()["id"]
+    async with mcp_session(other_org.mcp_url, other_org.headers) as s:
+        denied = await s.call_tool("mark_used", {"ids": [tid]})
+        assert denied.isError and json.loads(denied.content[0].text)["error"]["code"] == "not_found"
+    async with mcp_session(org.mcp_url, _key(live, org, ["read"])) as s:
+        assert "mark_used" not in {t.name for t in (await s.list_tools()).tools}
+    async with mcp_session(org.mcp_url, org.headers) as s:
+        done = await s.call_tool("mark_used", {"ids": [tid]})
+        assert not done.isError and done.structuredContent == {"ids": [tid]}
+        missing = await s.call_tool("mark_used", {"ids": [tid, "th_not_there"]})
+        assert missing.isError and json.loads(missing.content[0].text)["error"]["code"] == "not_found"
+    deadline = time.monotonic() + 15  # uses are written in the background, within about a second
+    while live.sql("SELECT use_count FROM documents WHERE id = ?", (tid,)) != [(1,)] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert live.sql("SELECT use_count FROM documents WHERE id = ?", (tid,)) == [(1,)]  # only the owner's one mark
