@@ -24,7 +24,7 @@ Each client only deletes what it created (no two clients delete the same id); a 
 thought that a write-time decision of another capture replaced or merged meanwhile is counted apart
 ("gone"), not as an error. Every other non-2xx answer, transport error or MCP tool error is an error.
 
-The server's RSS (psutil if installed, else /proc/<pid>/status VmRSS) and its pending indexing jobs
+The server's RSS (/proc/<pid>/status VmRSS, bench_foundation.rss_mb) and its pending indexing jobs
 (``/health``) are sampled every ``--sample-every`` seconds (default 10). Printed: per operation count,
 errors, p50/p95/p99; total requests per second; RSS at start (after sign-up, before load), after warm-up
 (``--warmup`` minutes, default a tenth of the run, at most 3) and at the end; the RSS slope (least squares,
@@ -53,7 +53,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import (  # noqa: E402
-    NoteGenerator, bench_data_dir, code_revision, cpu_seconds, log, pct, queries, serve_subprocess,
+    NoteGenerator, bench_data_dir, code_revision, rss_mb, cpu_seconds, log, pct, queries, serve_subprocess,
 )
 import conversation_data  # noqa: E402
 
@@ -67,24 +67,6 @@ MIX = {
 STEADY_OFF = {"delete_thought", "delete_conversation"}
 MESSAGES_PER_CONVERSATION = 40
 PROTOCOL = "2025-06-18"
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        import psutil  # type: ignore
-
-        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
-    except ImportError:
-        pass
-    except Exception:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
 
 
 def slope_mb_per_min(points: list[tuple[float, float]]) -> float | None:
