@@ -105,16 +105,15 @@ class RateLimits:
 
     async def hit(self, limit: Limit, identifier: str) -> Verdict:
         """Count one action against ``limit`` for ``identifier``; over the limit, nothing is counted."""
-        try:
-            allowed = await self.strategy.hit(self._item(limit), identifier)
-            return await self._stats(limit, identifier, allowed)
-        except StorageError as exc:
-            return self._fail_open(limit, exc)
+        return await self._verdict(self.strategy.hit, limit, identifier)
 
     async def check(self, limit: Limit, identifier: str) -> Verdict:
         """Whether one more action would be allowed, counting nothing."""
+        return await self._verdict(self.strategy.test, limit, identifier)
+
+    async def _verdict(self, op, limit: Limit, identifier: str) -> Verdict:
         try:
-            allowed = await self.strategy.test(self._item(limit), identifier)
+            allowed = await op(self._item(limit), identifier)
             return await self._stats(limit, identifier, allowed)
         except StorageError as exc:
             return self._fail_open(limit, exc)
