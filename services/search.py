@@ -318,34 +318,37 @@ class Search:
         out: dict[tuple[str, str], float] = {}
         docs = [c.parent_id for c in candidates if c.kind == "thought"]
         if docs:
-            idf = await self._idf(quoted, "documents_fts", "SELECT COUNT(*) AS n FROM documents WHERE organization_id = ?1")
-            matched: dict[str, set[int]] = {}
-            for r in await self.sql.rows(
+            shares = await self._weighted_coverage(
+                quoted, docs, "documents_fts", "SELECT COUNT(*) AS n FROM documents WHERE organization_id = ?1",
                 "SELECT j.key AS term, k.document_id AS id FROM json_each(?2) AS j "
                 "JOIN documents_fts ON documents_fts MATCH j.value "
                 "JOIN documents_fts_keys AS k ON k.pk = documents_fts.rowid "
                 "WHERE documents_fts.organization_id = ?1 AND k.organization_id = ?1 "
                 "AND k.document_id IN (SELECT value FROM json_each(?3))",
-                [quoted, json.dumps(docs)],
-            ):
-                matched.setdefault(r["id"], set()).add(r["term"])
-            total = sum(idf) or 1.0
-            out.update({("thought", d): sum(idf[t] for t in found) / total for d, found in matched.items()})
+            )
+            out.update({("thought", d): share for d, share in shares.items()})
         chunks = {c.chunk_id: c.kind for c in candidates if c.kind != "thought"}
         if chunks:
-            idf = await self._idf(quoted, "chunks_fts", "SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1")
-            matched = {}
-            for r in await self.sql.rows(
+            shares = await self._weighted_coverage(
+                quoted, list(chunks), "chunks_fts", "SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1",
                 "SELECT j.key AS term, c.id AS id FROM json_each(?2) AS j "
                 "JOIN chunks_fts ON chunks_fts MATCH j.value JOIN chunks AS c ON c.pk = chunks_fts.rowid "
                 "WHERE chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
                 "AND c.id IN (SELECT value FROM json_each(?3))",
-                [quoted, json.dumps(list(chunks))],
-            ):
-                matched.setdefault(r["id"], set()).add(r["term"])
-            total = sum(idf) or 1.0
-            out.update({(chunks[c], c): sum(idf[t] for t in found) / total for c, found in matched.items()})
+            )
+            out.update({(chunks[c], c): share for c, share in shares.items()})
         return out
+
+    async def _weighted_coverage(
+        self, quoted: str, ids: list[str], table: str, count_sql: str, match_sql: str,
+    ) -> dict[str, float]:
+        """For each of ``ids``, the IDF-weighted share of the quoted terms ``match_sql`` finds in its text."""
+        idf = await self._idf(quoted, table, count_sql)
+        matched: dict[str, set[int]] = {}
+        for r in await self.sql.rows(match_sql, [quoted, json.dumps(ids)]):
+            matched.setdefault(r["id"], set()).add(r["term"])
+        total = sum(idf) or 1.0
+        return {i: sum(idf[t] for t in found) / total for i, found in matched.items()}
 
     async def _idf(self, quoted: str, table: str, count_sql: str) -> list[float]:
         """Each term's inverse document frequency in this organization's ``table`` (documents_fts or chunks_fts)."""
