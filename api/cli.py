@@ -78,23 +78,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from services.migrate import apply_pending
-
-    async def run(memex):
-        return await apply_pending(memex.backend.db)
-
-    settings = _settings(args)
-    memex = _memex(settings)
+    """Upgrade the control database and every organization's (resumable: each file commits with its record;
+    run it again after an interruption). ``--status`` only lists versions."""
+    from services.migrate import CONTROL_DIR, apply_pending, applied, discover
 
     async def go():
+        memex = _memex(_settings(args))
         try:
-            return await run(memex)
+            if args.status:
+                names = [m.name for m in discover(CONTROL_DIR)]
+                done = await applied(memex.control)
+                print(f"control: {len([n for n in names if n in done])}/{len(names)} applied"
+                      + (f", pending: {', '.join(n for n in names if n not in done)}" if set(names) - done else ""))
+                for st in await memex.stores.status():
+                    latest = st.applied[-1] if st.applied else "none"
+                    print(f"{st.org_id} ({st.backend} {st.location}): latest {latest}"
+                          + (f", pending: {', '.join(st.pending)}" if st.pending else ", up to date"))
+                return 0
+            ran = await memex.start(worker=False)  # the control database, then a single-database layout's conversion
+            print("control: " + (", ".join(ran) if ran else "up to date"))
+            ids = await memex.stores.org_ids()
+            for i, org_id in enumerate(ids, 1):
+                store = await memex.stores.open(org_id)  # applies what is pending
+                print(f"\rorganizations: {i}/{len(ids)} up to date", end="", file=sys.stderr, flush=True)
+                del store
+            if ids:
+                print(file=sys.stderr)
+            print(f"organizations: {len(ids)} up to date")
+            return 0
         finally:
             await memex.stop()
 
-    applied = asyncio.run(go())
-    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
-    return 0
+    return asyncio.run(go())
 
 
 def _print(obj) -> None:
@@ -195,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_dir(s)
     s.set_defaults(fn=cmd_serve)
 
-    m = sub.add_parser("migrate", help="apply pending migrations")
+    m = sub.add_parser("migrate", help="upgrade the control database and every organization's (resumable)")
+    m.add_argument("--status", action="store_true", help="list each database's applied and pending migrations")
     data_dir(m)
     m.set_defaults(fn=cmd_migrate)
 

@@ -70,7 +70,7 @@ def cmd_backfill_compress(args: argparse.Namespace) -> int:
         report = {}
         for org in orgs:
             ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
-            conversations = memex.for_org(ctx).conversations
+            conversations = (await memex.for_org(ctx)).conversations
             try:
                 report[org.slug] = await backfill_org(conversations, batch_size=args.batch_size,
                                                       cursor=args.cursor if args.org else None, label=org.slug)

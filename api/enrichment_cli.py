@@ -81,7 +81,7 @@ def cmd_enrich_backfill(args: argparse.Namespace) -> int:
         report = {}
         for org in orgs:
             ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
-            enricher = memex.for_org(ctx).enrichment
+            enricher = (await memex.for_org(ctx)).enrichment
             try:
                 report[org.slug] = await backfill_enrich_org(enricher, batch_size=args.batch_size,
                                                              restart=args.restart, label=org.slug)

@@ -248,7 +248,7 @@ async def _endpoint(request: Request, slug: str | None) -> ASGIApp:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         return error_response(400, "invalid_input", "the body is not valid JSON (UTF-8, no lone surrogates)",
                               {"jsonrpc_code": -32700, "reason": str(exc)[:200]})
-    org = memex.for_org(ctx)
+    org = await memex.for_org(ctx)
     security = _security(memex)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -32,7 +32,7 @@ AUTH_ERRORS = (400, 401, 403, 429)  # 400: any malformed path, query or body
 
 
 async def org_services(request: Request) -> OrgServices:
-    return request.app.state.memex.for_org(request.user)
+    return await request.app.state.memex.for_org(request.user)
 
 
 def capture_responses():
@@ -74,7 +74,7 @@ async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
 async def health(state: State) -> Health:
     memex: Memex = state.memex
     s = memex.settings
-    free = getattr(memex.backend.db, "free_bytes", None)
+    free = getattr(memex.control, "free_bytes", None)
     paused = memex.worker.paused
     return Health(
         status="degraded" if paused else "ok", sql=s.sql, vectors=s.vectors, embedder=s.embedder,

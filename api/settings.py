@@ -153,6 +153,9 @@ class Settings:
     worker_poll_seconds: float = 1.0
     #: Whether the in-process embedding worker runs (off for CLI one-shots).
     run_worker: bool = True
+    #: Organization databases and vector files open at once (embedded; the least recently used idle one closes
+    #: when another opens). Each open organization costs a few file handles and its vectors' memory.
+    max_open_orgs: int = 64
     #: Cloudflare credentials and resources (used by the d1 / vectorize / workers-ai adapters).
     cloudflare_account_id: str | None = None
     cloudflare_api_token: str | None = None
@@ -246,11 +249,22 @@ class Settings:
             ) from None
 
     @property
-    def sqlite_path(self) -> Path:
+    def control_path(self) -> Path:
+        """The embedded control database (organizations, keys, bindings, usage, routing)."""
+        return self.data_dir / "control.sqlite3"
+
+    @property
+    def orgs_dir(self) -> Path:
+        """Where the embedded backend keeps one folder per organization (its database and vector file)."""
+        return self.data_dir / "orgs"
+
+    @property
+    def legacy_sqlite_path(self) -> Path:
+        """The single database of releases before one database per organization (converted at start)."""
         return self.data_dir / "memex.sqlite3"
 
     @property
-    def vectors_path(self) -> Path:
+    def legacy_vectors_path(self) -> Path:
         return self.data_dir / "vectors.sqlite3"
 
     @property
@@ -312,5 +326,6 @@ class Settings:
             rank_task_tags=_list("MEMEX_RANK_TASK_TAGS"),
             rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
             rerank_cache_seconds=_float("MEMEX_RERANK_CACHE_SECONDS", 3600.0),
+            max_open_orgs=_int("MEMEX_MAX_OPEN_ORGS", 64),
         )
         return replace(base, **overrides)

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from api.settings import Settings
+from api.settings import Settings, SettingsError
 from services.errors import InvalidInput
-from services.migrate import apply_pending
-from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex
+from services.migrate import CONTROL_DIR, apply_pending
+from services.ports import LLM, Embedder, Reranker, SqlDatabase
 from services.scoped import OrgSql, OrgVectors
+from services.storage.d1_stores import D1OrgStores
+from services.storage.stores import EmbeddedOrgStores, OrgStores
 from services.conversation_search import ConversationHydrator
 from services.conversations import ConversationLimits, Conversations, KeyedLocks
 from services.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
@@ -37,15 +39,18 @@ log = logging.getLogger("memex")
 
 @dataclass
 class Backend:
-    db: SqlDatabase
-    index: VectorIndex
+    """Everything the settings chose: the control database, where organizations' databases live, the models."""
+
+    control: SqlDatabase
+    stores: OrgStores
     embedder: Embedder
     http: httpx.AsyncClient | None = None
-    index_was_reset: bool = False
     #: The language model (MEMEX_LLM); None = none configured: enrichment and decisions run deterministically.
     llm: LLM | None = None
     #: The second-stage reranker (MEMEX_RERANKER); None = none.
     reranker: Reranker | None = None
+    #: Vectors written become searchable later (Vectorize): the worker confirms their mutations.
+    async_index: bool = False
 
     def cloudflare_stats(self) -> dict | None:
         """Requests, retries and the request budget of the Cloudflare adapters (None on the embedded backend)."""
@@ -60,8 +65,8 @@ class Backend:
             aclose = getattr(model, "aclose", None)
             if aclose is not None:
                 await aclose()
-        await self.index.close()
-        await self.db.close()
+        await self.stores.close()
+        await self.control.close()
         if self.http is not None:
             await self.http.aclose()
 
@@ -82,7 +87,16 @@ def _embedder(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
     raise InvalidInput(f"unknown MEMEX_EMBEDDER {settings.embedder!r}")
 
 
+_PAIRS = {("sqlite", "local"), ("d1", "vectorize")}
+
+
 def build_backend(settings: Settings) -> Backend:
+    if (settings.sql, settings.vectors) not in _PAIRS:
+        raise SettingsError(
+            f"MEMEX_SQL={settings.sql} with MEMEX_VECTORS={settings.vectors} is not a backend: each organization's "
+            "database and vectors live together (sqlite with local, d1 with vectorize)",
+            details={"setting": "MEMEX_VECTORS"},
+        )
     cloud = ("d1" in settings.sql or settings.vectors == "vectorize" or settings.embedder == "workers-ai"
              or settings.llm == "workers-ai" or settings.reranker == "workers-ai")
     http = None
@@ -91,34 +105,39 @@ def build_backend(settings: Settings) -> Backend:
 
         http = shared_client(settings)
     embedder = _embedder(settings, http)
+    stores: OrgStores
     if settings.sql == "sqlite":
         from services.adapters.sqlite import SqliteDatabase
 
-        db: SqlDatabase = SqliteDatabase(settings.sqlite_path)
-    elif settings.sql == "d1":
-        from services.adapters.cloudflare import d1_database
-
-        db = d1_database(settings, http)
-    else:
-        raise InvalidInput(f"unknown MEMEX_SQL {settings.sql!r}")
-    reset = False
-    if settings.vectors == "local":
         from services.adapters.local_vectors import LocalVectorIndex
 
-        index: VectorIndex = LocalVectorIndex(
-            settings.vectors_path, dimensions=embedder.dimensions, model=embedder.model_id, reset_on_mismatch=True
+        control: SqlDatabase = SqliteDatabase(settings.control_path)
+        dims, model = embedder.dimensions, embedder.model_id
+        stores = EmbeddedOrgStores(
+            control, settings.data_dir, dimensions=dims, max_open=settings.max_open_orgs,
+            # two readers per organization (searches don't queue behind writes) keep the file handles bounded
+            open_database=lambda path: SqliteDatabase(path, readers=2),
+            open_index=lambda path: LocalVectorIndex(path, dimensions=dims, model=model, reset_on_mismatch=True),
         )
-        reset = index.was_reset
-    elif settings.vectors == "vectorize":
-        from services.adapters.cloudflare import vectorize_index
-
-        index = vectorize_index(settings, http, embedder)
     else:
-        raise InvalidInput(f"unknown MEMEX_VECTORS {settings.vectors!r}")
+        from services.adapters.cloudflare import D1Database, VectorizeIndex, api_for, d1_admin, d1_database
+
+        if not settings.cloudflare_vectorize_index:
+            raise SettingsError("CLOUDFLARE_VECTORIZE_INDEX must be set for MEMEX_VECTORS=vectorize",
+                                details={"setting": "CLOUDFLARE_VECTORIZE_INDEX"})
+        control = d1_database(settings, http)
+        api = api_for(settings, http)
+        stores = D1OrgStores(
+            control, admin=d1_admin(settings, http), index_name=settings.cloudflare_vectorize_index,
+            account=settings.cloudflare_account_id,
+            open_database=lambda uuid: D1Database(api, uuid),
+            open_index=lambda name: VectorizeIndex(api, name, dimensions=embedder.dimensions, model=embedder.model_id),
+        )
     from services.adapters.llm import build_llm, build_reranker
 
-    return Backend(db=db, index=index, embedder=embedder, http=http, index_was_reset=reset,
-                   llm=build_llm(settings, http), reranker=build_reranker(settings, http))
+    return Backend(control=control, stores=stores, embedder=embedder, http=http,
+                   llm=build_llm(settings, http), reranker=build_reranker(settings, http),
+                   async_index=settings.vectors == "vectorize")
 
 
 def ranking_config(settings: Settings) -> RankingConfig:
@@ -156,9 +175,11 @@ class Memex:
     def __init__(self, settings: Settings, backend: Backend | None = None, *, access=None) -> None:
         self.settings = settings
         self.backend = backend or build_backend(settings)
-        self.keys = KeyManager(self.backend.db, cache_seconds=settings.key_cache_seconds,
+        self.control = self.backend.control
+        self.stores = self.backend.stores
+        self.keys = KeyManager(self.control, cache_seconds=settings.key_cache_seconds,
                                revocation_check_seconds=settings.key_revocation_check_seconds)
-        self.orgs = OrgDirectory(self.backend.db, self.keys)
+        self.orgs = OrgDirectory(self.control, self.keys, self.stores)
         if access is None and settings.access_enabled:
             from tenancy.access import AccessConfig, AccessVerifier
 
@@ -172,7 +193,7 @@ class Memex:
         self.rate_limits = RateLimits(settings.rate_limit_storage)
         self.client_addresses = ClientAddresses(settings.trusted_proxies, settings.client_ip_header)
         self.auth = Authenticator(
-            self.backend.db,
+            self.control,
             self.keys,
             access=access,
             limits=AuthLimits(key_per_minute=settings.key_rate_per_minute, org_per_minute=settings.org_rate_per_minute,
@@ -183,8 +204,9 @@ class Memex:
         self.signup_limit = Limit("signup", settings.signup_rate_per_hour, 3600)
         self.llm_budget = LLMBudget(calls_per_day=settings.llm_calls_per_day, tokens_per_day=settings.llm_tokens_per_day)
         self.enrichment_config = EnrichmentConfig(vocabulary_size=settings.enrich_vocabulary_size)
-        self.worker = JobWorker(self.backend.db, self.backend.index, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
-                                handlers={ENRICH_JOB: enrich_job_handler(self.enricher)})
+        self.worker = JobWorker(self.stores, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
+                                handlers={ENRICH_JOB: enrich_job_handler(self.enricher)},
+                                async_index=self.backend.async_index)
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes
         )
@@ -195,11 +217,11 @@ class Memex:
         # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
         self.recent_vectors = RecentVectors()
         self.worker.handlers["embed"] = cached_embed_handler(self.recent_vectors)
-        self.ranking = Ranking(config=ranking_config(settings), uses=UseRecorder(self.backend.db),
+        self.ranking = Ranking(config=ranking_config(settings), uses=UseRecorder(self.org_sql),
                                rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
-        applied = await apply_pending(self.backend.db)
+        applied = await apply_pending(self.control, CONTROL_DIR)
         if self.settings.sql != "sqlite" and self.settings.rate_limit_storage.startswith(("memory://", "async+memory://")):
             log.warning("rate limits count per process (MEMEX_RATE_LIMIT_STORAGE=memory://): with several instances "
                         "serving, name a shared storage (redis://...) or every limit is multiplied by the instances")
@@ -213,13 +235,14 @@ class Memex:
     async def reconcile(self) -> None:
         """Bring the vector index in line with the SQL store (after a lost or reset local index)."""
         try:
-            for org in await self.orgs.all():
-                requeued, stray = await reconcile_org(
-                    OrgSql(self.backend.db, org.id), OrgVectors(self.backend.index, org.id), self.backend.index
-                )
+            if self.backend.async_index:
+                return  # Vectorize cannot list a namespace: nothing to compare
+            for org_id in await self.stores.org_ids():
+                store = await self.stores.open(org_id)
+                requeued, stray = await reconcile_org(store.sql, store.vectors, store.index)
                 if requeued or stray:
-                    log.info("reconciled %s: %s chunks re-queued, %s stray vectors removed", org.slug, requeued, stray)
-            self.worker.wake()
+                    log.info("reconciled %s: %s chunks re-queued, %s stray vectors removed", org_id, requeued, stray)
+                    self.worker.wake(org_id)
         except Exception:
             log.exception("reconcile failed")
 
@@ -229,10 +252,15 @@ class Memex:
         await self.ranking.uses.close()  # uses still pending
         await self.backend.close()
 
+    async def org_sql(self, org_id: str) -> OrgSql:
+        """The organization's own database, bound to it."""
+        return (await self.stores.open(org_id)).sql
+
     def budgeted_llm(self, sql: OrgSql) -> BudgetedLLM | None:
-        """The model under the organization's daily budget (None when no model is configured)."""
+        """The model under the organization's daily budget (None when no model is configured). Usage is
+        counted in the control database (llm_usage), beside the organization."""
         llm = self.backend.llm
-        return BudgetedLLM(llm, sql, self.llm_budget) if llm is not None else None
+        return BudgetedLLM(llm, OrgSql(self.control, sql.org_id), self.llm_budget) if llm is not None else None
 
     def enricher(self, sql: OrgSql, vectors: OrgVectors) -> Enricher:
         return Enricher(sql, vectors, self.budgeted_llm(sql), self.enrichment_config)
@@ -244,20 +272,21 @@ class Memex:
         return Decisions(sql, vectors, self.backend.embedder, llm=self.budgeted_llm(sql), recent=self.recent_vectors,
                          max_content_bytes=self.settings.max_content_bytes, lexical_gate=not self.settings.decisions_full)
 
-    def for_org(self, ctx: AuthContext) -> OrgServices:
-        sql = OrgSql(self.backend.db, ctx.org_id)
-        vectors = OrgVectors(self.backend.index, ctx.org_id)
+    async def for_org(self, ctx: AuthContext) -> OrgServices:
+        store = await self.stores.open(ctx.org_id)
+        sql, vectors = store.sql, store.vectors
         emb = self.backend.embedder
+        wake = lambda org_id=ctx.org_id: self.worker.wake(org_id)  # noqa: E731
         return OrgServices(
             ctx=ctx,
-            thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=self.worker.wake,
+            thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=wake,
                               decisions=self.decisions(sql, vectors),
                               on_use=lambda ids, fetched=False, org_id=ctx.org_id: self.ranking.used(org_id, ids, fetched=fetched)),
             search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker),
             keys=self.keys.for_org(ctx.org_id),
-            bindings=OrgBindings(sql),
+            bindings=OrgBindings(OrgSql(self.control, ctx.org_id)),
             conversations=Conversations(sql, vectors, emb, locks=self.conversation_locks,
-                                        limits=self.conversation_limits, on_enqueue=self.worker.wake),
+                                        limits=self.conversation_limits, on_enqueue=wake),
             llm=self.budgeted_llm(sql),
             enrichment=self.enricher(sql, vectors),
         )

@@ -1,5 +1,14 @@
-"""Migrations: migrations/NNNN_name.sql applied in order and recorded in ``d1_migrations`` exactly as
+"""Migrations: NNNN_name.sql files applied in order and recorded in ``d1_migrations`` exactly as
 ``wrangler d1 migrations apply`` records them, so wrangler and the service agree on what has run.
+
+Three streams, one folder each under migrations/:
+
+* ``control/``: the control database (organizations, keys, bindings, usage, the routing of organizations to
+  their databases). wrangler.toml points the D1 binding's ``migrations_dir`` here.
+* ``org/``: every organization's own database. Applied to each one when it is created, by ``memex migrate``,
+  and when the service first opens it after an upgrade.
+* ``legacy/``: the single-database layout before one database per organization; only the converter
+  (services.storage.convert) applies them, to bring an old database to its last version before moving it.
 
 Each pending file runs as one atomic script together with its ``INSERT INTO d1_migrations`` row (what
 wrangler sends as one request); a failing file rolls back and stops the run.
@@ -15,7 +24,8 @@ from pathlib import Path
 
 from services.ports import SqlDatabase
 
-__all__ = ["MIGRATIONS_DIR", "Migration", "discover", "applied", "apply_pending"]
+__all__ = ["MIGRATIONS_DIR", "CONTROL_DIR", "ORG_DIR", "LEGACY_DIR", "Migration", "discover", "applied", "apply_pending",
+           "pending"]
 
 
 
@@ -29,6 +39,9 @@ def _default_dir() -> Path:
 
 
 MIGRATIONS_DIR = Path(os.environ.get("MEMEX_MIGRATIONS_DIR") or _default_dir())
+CONTROL_DIR = MIGRATIONS_DIR / "control"
+ORG_DIR = MIGRATIONS_DIR / "org"
+LEGACY_DIR = MIGRATIONS_DIR / "legacy"
 _NAME = re.compile(r"^(\d{4})_[\w.-]+\.sql$")
 
 _TABLE = (
@@ -48,7 +61,7 @@ class Migration:
         return self.path.read_text(encoding="utf-8")
 
 
-def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+def discover(directory: Path = ORG_DIR) -> list[Migration]:
     found = []
     for p in directory.glob("*.sql"):
         m = _NAME.match(p.name)
@@ -62,8 +75,16 @@ async def applied(db: SqlDatabase) -> set[str]:
     return {r["name"] for r in (await db.execute("SELECT name FROM d1_migrations")).rows}
 
 
-async def apply_pending(db: SqlDatabase, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply every migration not yet recorded; returns the names applied now."""
+async def pending(db: SqlDatabase, directory: Path = ORG_DIR) -> list[str]:
+    """The migrations of ``directory`` not yet recorded in ``db``."""
+    done = await applied(db)
+    return [m.name for m in discover(directory) if m.name not in done]
+
+
+async def apply_pending(db: SqlDatabase, directory: Path = ORG_DIR) -> list[str]:
+    """Apply every migration of ``directory`` not yet recorded (the organization stream unless told otherwise);
+    returns the names applied now. Resumable: each file commits with its record, so a run stopped between two
+    files goes on from the next one."""
     done = await applied(db)
     ran = []
     for mig in discover(directory):

@@ -55,7 +55,6 @@ from typing import Any
 
 from services.ids import now_ms
 from services.models import SearchHit
-from services.ports import SqlDatabase
 from services.scoped import OrgSql
 
 __all__ = [
@@ -190,9 +189,9 @@ class UseRecorder:
     A thought fetched by id counts once per ``fetch_window_seconds`` (in this process): a client polling a
     thought's indexing state, or re-reading it, is one use, not hundreds. Marking used always counts."""
 
-    def __init__(self, db: SqlDatabase, *, delay: float = 0.5, clock: Callable[[], int] = now_ms,
+    def __init__(self, sql_for: Callable[[str], Awaitable[OrgSql]], *, delay: float = 0.5, clock: Callable[[], int] = now_ms,
                  fetch_window_seconds: float = 3600.0, max_fetches_remembered: int = 100_000) -> None:
-        self.db = db
+        self.sql_for = sql_for  # organization id -> its database, bound to it
         self.delay = delay
         self.clock = clock
         self.fetch_window_ms = fetch_window_seconds * 1000
@@ -244,7 +243,7 @@ class UseRecorder:
         pending, self._pending = self._pending, {}
         for org_id, uses in pending.items():
             try:
-                await OrgSql(self.db, org_id).execute(
+                await (await self.sql_for(org_id)).execute(
                     "UPDATE documents SET "
                     "use_weight = use_weight + (SELECT json_extract(j.value, '$[0]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
                     "use_count = use_count + (SELECT json_extract(j.value, '$[1]') FROM json_each(?2) AS j WHERE j.key = documents.id), "

@@ -1,8 +1,10 @@
 """Handles bound to one organization: the only way services reach the stores.
 
-``OrgSql`` binds ``?1`` to the organization id in every statement; a statement that does not mention
-``organization_id`` and ``?1`` is refused before it reaches the database, so a query that forgets its
-tenant filter cannot run. Services number their own parameters from ``?2``.
+``OrgSql`` wraps the organization's own database (services.storage: one database per organization), which
+is the wall between tenants: a statement run through it cannot reach another organization's rows, whatever
+it says. It also binds ``?1`` to the organization id in every statement, and every statement still filters
+on ``organization_id = ?1``: defence in depth, and what keeps a row written in the wrong database invisible.
+Services number their own parameters from ``?2``.
 
 ``OrgVectors`` puts every vector in the organization's namespace, stamps ``organization_id`` into its
 metadata, filters every query on it, and prefixes vector ids with the organization id (Vectorize ids are
@@ -26,8 +28,6 @@ _BARE_PARAM = re.compile(r"\?(?!\d)")
 
 
 def bind_statement(org_id: str, sql: str, params: Sequence[SqlValue]) -> Statement:
-    if "organization_id" not in sql or "?1" not in sql:
-        raise AssertionError(f"tenant statement without organization_id = ?1: {sql[:120]!r}")
     if _BARE_PARAM.search(sql):
         raise AssertionError(f"tenant statements number their parameters from ?2: {sql[:120]!r}")
     return Statement(sql, (org_id, *params))
@@ -35,7 +35,7 @@ def bind_statement(org_id: str, sql: str, params: Sequence[SqlValue]) -> Stateme
 
 @dataclass(frozen=True, slots=True)
 class OrgSql:
-    """A SqlDatabase handle for one organization."""
+    """A SqlDatabase handle for one organization: ``db`` is that organization's own database."""
 
     db: SqlDatabase
     org_id: str

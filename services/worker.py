@@ -20,11 +20,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from services.errors import InsufficientStorage
+from services.errors import InsufficientStorage, NotFound
 from services.ids import now_ms
-from services.ports import Embedder, SqlDatabase, VectorIndex
+from services.ports import Embedder, VectorIndex
 from services.scoped import OrgSql, OrgVectors
+
+if TYPE_CHECKING:
+    from services.storage.stores import OrgStores
 
 __all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org", "chunk_metadata", "drop_vanished"]
 
@@ -162,19 +166,25 @@ async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) ->
 
 
 class JobWorker:
+    """Drains every organization's job table (each organization's jobs live in its own database).
+
+    The worker keeps the organizations that have work (``_due``: organization -> the earliest time one of
+    its jobs can run): a capture wakes it for its organization, and at start it scans every organization's
+    database once (jobs left by a previous run). Each round gives every organization with ready jobs one
+    batch, in turn, so one organization's import never starves another's captures."""
+
     def __init__(
         self,
-        db: SqlDatabase,
-        index: VectorIndex,
+        stores: "OrgStores",
         embedder: Embedder,
         *,
         handlers: dict[str, Handler] | None = None,
         poll_seconds: float = 1.0,
         max_idle_seconds: float = 30.0,
         batch: int = 16,
+        async_index: bool = False,
     ) -> None:
-        self.db = db
-        self.index = index
+        self.stores = stores
         self.embedder = embedder
         self.handlers: dict[str, Handler] = {"embed": embed_parent, "enrich": enrich_without_llm, **(handlers or {})}
         self.poll_seconds = poll_seconds
@@ -188,13 +198,21 @@ class JobWorker:
         self._last_confirm = 0.0
         self.max_idle_seconds = max_idle_seconds
         #: Vectorize-like indexes apply writes later; only they need confirmation.
-        self._async_index = hasattr(index, "searchable")
-        self._unconfirmed = self._async_index
+        self._async_index = async_index
+        #: Organizations with vectors written but not yet confirmed searchable.
+        self._unconfirmed: set[str] = set()
+        #: Organization -> earliest epoch ms a job of it may be ready (0: now).
+        self._due: dict[str, int] = {}
+        self._scanned = False
         #: Why the worker is paused (a full disk), or None; jobs claimed but put back until space returns.
         self.paused: str | None = None
         self._held: list[Job] = []
 
-    def wake(self) -> None:
+    def wake(self, org_id: str | None = None) -> None:
+        if org_id is not None:
+            self._due[org_id] = 0
+            if self._async_index:
+                self._unconfirmed.add(org_id)
         self._wake.set()
 
     def start(self) -> None:
@@ -212,11 +230,33 @@ class JobWorker:
                 self._task.cancel()
             self._task = None
 
+    async def scan(self) -> int:
+        """Find every organization with queued jobs or unconfirmed vectors (once at start); how many."""
+        found = 0
+        for org_id in await self.stores.org_ids():
+            try:
+                sql = (await self.stores.open(org_id)).sql
+                due = await _next_due(sql)
+                if due is not None:
+                    self._due[org_id] = min(due, self._due.get(org_id, due))
+                    found += 1
+                if self._async_index and await sql.one(
+                        "SELECT 1 AS x FROM chunks WHERE organization_id = ?1 AND vector_mutation IS NOT NULL LIMIT 1"):
+                    self._unconfirmed.add(org_id)
+            except Exception:
+                log.warning("scanning %s for jobs failed", org_id, exc_info=True)
+        self._scanned = True
+        return found
+
     async def _loop(self) -> None:
-        # Idle, the worker polls less and less often (up to max_idle_seconds): on D1 every poll is an API
-        # request against the account's budget. Captures in this process wake it at once; the polls are for
-        # jobs left by other instances (expired leases, retries). Mutation confirmation runs only while this
-        # process has written vectors that are not yet confirmed (and once at start, for a previous run's).
+        # Idle, the worker sleeps until a capture in this process wakes it or an organization's next retry is
+        # due. Mutation confirmation runs only while this process has written vectors that are not yet
+        # confirmed (and after the start-up scan, for a previous run's).
+        if not self._scanned:
+            try:
+                await self.scan()
+            except Exception:
+                log.exception("start-up job scan failed")
         wait = self.poll_seconds
         while not self._stopping:
             if self.paused is not None:
@@ -224,8 +264,6 @@ class JobWorker:
                 continue
             try:
                 did = await self.run_once()
-                if did and self._async_index:
-                    self._unconfirmed = True
                 if self._unconfirmed and time.monotonic() - self._last_confirm >= 1.0:
                     self._last_confirm = time.monotonic()
                     await self.confirm_mutations()
@@ -239,15 +277,15 @@ class JobWorker:
             if did:
                 wait = self.poll_seconds
             elif not self._stopping:
-                timeout = min(wait, 1.0) if self._unconfirmed else wait
-                woken = False
+                timeout = self.max_idle_seconds
+                if self._due:
+                    timeout = max(0.05, (min(self._due.values()) - now_ms()) / 1000)
+                timeout = min(timeout, 1.0) if self._unconfirmed else timeout
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-                    woken = True
+                    await asyncio.wait_for(self._wake.wait(), timeout=min(timeout, self.max_idle_seconds))
                 except asyncio.TimeoutError:
                     pass
                 self._wake.clear()
-                wait = self.poll_seconds if woken else min(self.max_idle_seconds, wait * 2)
 
     def _pause(self, exc: InsufficientStorage, jobs: list[Job]) -> None:
         if self.paused is None:
@@ -277,19 +315,26 @@ class JobWorker:
     async def resume(self) -> None:
         """Put the held jobs back as they were before their claim (a full disk is not an attempt), checkpoint
         the logs, and unpause. Raises ``InsufficientStorage`` while the disk is still full."""
-        ids = [j.id for j in self._held]
-        if ids:
-            await self.db.execute(
-                "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE state = 'pending' "
-                "AND id IN (SELECT value FROM json_each(?))",
-                (json.dumps(ids),),
+        by_org: dict[str, list[int]] = {}
+        for j in self._held:
+            by_org.setdefault(j.organization_id, []).append(j.id)
+        for org_id, ids in by_org.items():
+            await (await self.stores.open(org_id)).sql.execute(
+                "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
+                "AND state = 'pending' AND id IN (SELECT value FROM json_each(?2))",
+                [json.dumps(ids)],
             )
-        else:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
-            await self.db.execute("UPDATE jobs SET attempts = attempts WHERE id = (SELECT MAX(id) FROM jobs)")
+            self._due[org_id] = 0
+        if not by_org:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
+            await self.stores.control.execute(
+                "UPDATE organizations SET status = status WHERE id = (SELECT MAX(id) FROM organizations)")
         self._held = []
-        for store in (self.db, self.index):
-            checkpoint = getattr(store, "checkpoint", None)
-            if checkpoint is not None:
+        handles: list[Any] = [self.stores.control]
+        for store in self.stores.open_stores():
+            handles += [store.db, store.index]
+        for handle in handles:
+            checkpoint = getattr(handle, "checkpoint", None)
+            if checkpoint is not None and getattr(handle, "is_open", True):
                 try:
                     await checkpoint()
                 except Exception:
@@ -298,31 +343,49 @@ class JobWorker:
             log.warning("job worker resumed: writes go through again")
         self.paused = None
 
-    async def claim(self) -> list[Job]:
+    async def claim(self, org_id: str) -> list[Job]:
         now = now_ms()
-        rows = (
-            await self.db.execute(
-                "UPDATE jobs SET locked_until = ?, attempts = attempts + 1 WHERE id IN ("
-                " SELECT id FROM jobs WHERE state = 'pending' AND run_after <= ?"
-                " AND (locked_until IS NULL OR locked_until < ?) ORDER BY id LIMIT ?) "
-                "RETURNING id, organization_id, kind, target_id, attempts",
-                (now + LEASE_MS, now, now, self.batch),
-            )
-        ).rows
+        sql = (await self.stores.open(org_id)).sql
+        rows = await sql.rows(
+            "UPDATE jobs SET locked_until = ?2, attempts = attempts + 1 WHERE organization_id = ?1 AND id IN ("
+            " SELECT id FROM jobs WHERE organization_id = ?1 AND state = 'pending' AND run_after <= ?3"
+            " AND (locked_until IS NULL OR locked_until < ?3) ORDER BY id LIMIT ?4) "
+            "RETURNING id, organization_id, kind, target_id, attempts",
+            [now + LEASE_MS, now, self.batch],
+        )
         return sorted((Job(**r) for r in rows), key=lambda j: j.id)
 
     async def run_once(self) -> int:
-        """Claim and run one batch; returns how many jobs it ran."""
+        """One round: one batch from each organization with ready jobs; returns how many jobs it ran."""
         self._busy += 1
         try:
-            jobs = await self.claim()
-            for i, job in enumerate(jobs):
+            now = now_ms()
+            ready = sorted((due, org) for org, due in self._due.items() if due <= now)
+            ran = 0
+            for _, org_id in ready:
+                if self._stopping:
+                    break
                 try:
-                    await self._run(job)
-                except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
-                    self._pause(exc, jobs[i:])
-                    return i
-            return len(jobs)
+                    jobs = await self.claim(org_id)
+                except NotFound:  # the organization was deleted
+                    self._due.pop(org_id, None)
+                    continue
+                for i, job in enumerate(jobs):
+                    try:
+                        await self._run(job)
+                    except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
+                        self._pause(exc, jobs[i:])
+                        return ran + i
+                ran += len(jobs)
+                if self._async_index and jobs:
+                    self._unconfirmed.add(org_id)
+                if len(jobs) < self.batch:
+                    due = await _next_due((await self.stores.open(org_id)).sql)
+                    if due is None:
+                        self._due.pop(org_id, None)
+                    else:
+                        self._due[org_id] = due
+            return ran
         finally:
             self._busy -= 1
 
@@ -333,7 +396,8 @@ class JobWorker:
         return self._busy > 0
 
     async def _run(self, job: Job) -> None:
-        sql, vectors = OrgSql(self.db, job.organization_id), OrgVectors(self.index, job.organization_id)
+        store = await self.stores.open(job.organization_id)
+        sql, vectors = store.sql, store.vectors
         handler = self.handlers.get(job.kind)
         try:
             if handler is None:
@@ -358,41 +422,69 @@ class JobWorker:
     async def confirm_mutations(self) -> int:
         """Mark chunks searchable whose vector mutation the index has applied. Mutations apply in order, so
         the newest applied one confirms every older one. Returns how many chunks were confirmed."""
-        searchable = getattr(self.index, "searchable", None)
-        if searchable is None:
-            return 0
-        rows = (
-            await self.db.execute(
-                "SELECT vector_mutation AS m, MAX(indexed_at) AS at FROM chunks WHERE vector_mutation IS NOT NULL "
-                "GROUP BY vector_mutation ORDER BY at"
+        total = 0
+        for org_id in list(self._unconfirmed):
+            try:
+                store = await self.stores.open(org_id)
+            except NotFound:
+                self._unconfirmed.discard(org_id)
+                continue
+            searchable = getattr(store.index, "searchable", None)
+            if searchable is None:
+                self._unconfirmed.discard(org_id)
+                continue
+            sql = store.sql
+            rows = await sql.rows(
+                "SELECT vector_mutation AS m, MAX(indexed_at) AS at FROM chunks WHERE organization_id = ?1 "
+                "AND vector_mutation IS NOT NULL GROUP BY vector_mutation ORDER BY at"
             )
-        ).rows
-        for i in range(len(rows) - 1, -1, -1):
-            if await searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
-                done = [r["m"] for r in rows[: i + 1]]
-                res = await self.db.execute(
-                    "UPDATE chunks SET vector_mutation = NULL WHERE vector_mutation IN (SELECT value FROM json_each(?))",
-                    (json.dumps(done),),
-                )
-                if i == len(rows) - 1:
-                    self._unconfirmed = False  # every mutation this table knows of is applied
-                return res.changes
-        if not rows:
-            self._unconfirmed = False
-        return 0
+            if not rows:
+                self._unconfirmed.discard(org_id)
+            for i in range(len(rows) - 1, -1, -1):
+                if await searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
+                    done = [r["m"] for r in rows[: i + 1]]
+                    res = await sql.execute(
+                        "UPDATE chunks SET vector_mutation = NULL WHERE organization_id = ?1 "
+                        "AND vector_mutation IN (SELECT value FROM json_each(?2))",
+                        [json.dumps(done)],
+                    )
+                    if i == len(rows) - 1:
+                        self._unconfirmed.discard(org_id)  # every mutation this table knows of is applied
+                    total += res.changes
+                    break
+        return total
 
     async def drain(self, timeout: float = 60.0) -> None:
         """Run until no job is ready and every vector written is searchable (tests and CLI one-shots)."""
+        if not self._scanned:
+            await self.scan()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if await self.run_once() == 0:
                 break
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._unconfirmed:
             await self.confirm_mutations()
-            left = (await self.db.execute("SELECT COUNT(*) AS n FROM chunks WHERE vector_mutation IS NOT NULL")).rows
-            if left[0]["n"] == 0:
+            if not self._unconfirmed:
                 return
             await asyncio.sleep(0.1)
 
     async def pending(self) -> int:
-        return (await self.db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'pending'")).rows[0]["n"]
+        """Jobs queued in the organizations known to have work."""
+        total = 0
+        for org_id in list(self._due):
+            try:
+                row = await (await self.stores.open(org_id)).sql.one(
+                    "SELECT COUNT(*) AS n FROM jobs WHERE organization_id = ?1 AND state = 'pending'")
+            except NotFound:
+                continue
+            total += row["n"] if row else 0
+        return total
+
+
+async def _next_due(sql: OrgSql) -> int | None:
+    """When the organization's next pending job can run (its retry time, or its lease's end), or None."""
+    row = await sql.one(
+        "SELECT MIN(MAX(run_after, COALESCE(locked_until, 0))) AS t FROM jobs "
+        "WHERE organization_id = ?1 AND state = 'pending'"
+    )
+    return None if row is None or row["t"] is None else int(row["t"])

@@ -1,15 +1,24 @@
-"""Organizations and sign-up: an organization and its first admin key, created in one atomic batch."""
+"""Organizations and sign-up.
+
+Sign-up provisions the organization's own database first (services.storage), then writes the organization,
+its first admin key and its routing row in one atomic batch of the control database. A crash in between
+leaves at most an unreferenced database, never an organization without one; a slug taken meanwhile discards
+the database again."""
 
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.errors import Conflict, InvalidInput, NotFound
 from services.ports import SqlDatabase, Statement
 from services.ids import new_org_id, now_ms
 from tenancy.keys import IssuedKey, KeyManager
+
+if TYPE_CHECKING:
+    from services.storage.stores import OrgStores
 
 __all__ = ["Organization", "OrgDirectory", "SLUG_RULE", "validate_slug"]
 
@@ -40,30 +49,56 @@ class Organization:
 
 
 class OrgDirectory:
-    def __init__(self, db: SqlDatabase, keys: KeyManager) -> None:
+    def __init__(self, db: SqlDatabase, keys: KeyManager, stores: "OrgStores") -> None:
         self.db = db
         self.keys = keys
+        self.stores = stores
 
     async def create(self, *, name: str, slug: str, key_name: str = "default") -> tuple[Organization, IssuedKey]:
         """Create an organization and its first key (scopes read, write, admin). 409 if the slug is taken."""
         slug = validate_slug(slug)
         if not name or len(name) > 200:
             raise InvalidInput("name must be 1-200 characters", details={"field": "name"})
+        if (await self.db.execute("SELECT 1 AS x FROM organizations WHERE slug = ?", (slug,))).rows:
+            raise Conflict("an organization with this slug already exists", details={"field": "slug"})
         org = Organization(new_org_id(), slug, name, "active", now_ms())
         issued, key_stmt = await self.keys.prepare(org.id, name=key_name, scopes=["read", "write", "admin"])
-        results = await self.db.batch(
-            [
-                Statement(
-                    "INSERT INTO organizations (id, slug, name, status, created_at) VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT(slug) DO NOTHING",
-                    (org.id, org.slug, org.name, org.status, org.created_at),
-                ),
-                key_stmt,
-            ]
-        )
+        route = await self.stores.provision(org.id)
+        try:
+            results = await self.db.batch(
+                [
+                    Statement(
+                        "INSERT INTO organizations (id, slug, name, status, created_at) VALUES (?, ?, ?, ?, ?) "
+                        "ON CONFLICT(slug) DO NOTHING",
+                        (org.id, org.slug, org.name, org.status, org.created_at),
+                    ),
+                    key_stmt,  # a lost slug race fails this one (no organization row): the batch rolls back
+                    route,
+                ]
+            )
+        except BaseException:
+            await self.stores.discard(org.id)
+            if (await self.db.execute("SELECT 1 AS x FROM organizations WHERE slug = ?", (slug,))).rows:
+                raise Conflict("an organization with this slug already exists", details={"field": "slug"}) from None
+            raise
         if results[0].changes == 0:
+            await self.stores.discard(org.id)
             raise Conflict("an organization with this slug already exists", details={"field": "slug"})
         return org, issued
+
+    async def delete(self, org_id: str) -> None:
+        """Remove the organization: its database and vectors first, then its keys, bindings, usage and
+        routing (the control rows go last, so a crash midway leaves an organization whose deletion can be
+        run again, never data without an owner)."""
+        await self.stores.drop(org_id)
+        await self.db.batch([
+            Statement("DELETE FROM api_keys WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM memberships WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM service_tokens WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM llm_usage WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM org_databases WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM organizations WHERE id = ?", (org_id,)),
+        ])
 
     async def by_slug(self, slug: str) -> Organization:
         rows = (await self.db.execute("SELECT * FROM organizations WHERE slug = ?", (slug,))).rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import sqlite3
 import tempfile
 import time
@@ -23,6 +24,7 @@ logging.getLogger("mcp").setLevel(logging.WARNING)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 _slugs = itertools.count(1)
+_CONTROL_TABLES = re.compile(r"\b(organizations|api_keys|memberships|service_tokens|key_revocations|llm_usage|org_databases)\b")
 
 
 @dataclass
@@ -37,20 +39,53 @@ class Live:
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=60, **kw)
 
-    def _sql_path(self) -> Path:
+    def _control_path(self) -> Path:
         if self.backend == "cloudflare":
             return self.emulator.data_dir / "d1" / self.emulator.account / f"{EMU_DB}.sqlite3"
-        return self.data_dir / "memex.sqlite3"
+        return self.data_dir / "control.sqlite3"
 
-    def sql(self, query: str, params=()) -> list[tuple]:
-        """Read the SQL store's file directly (an independent look at what the service stored: the local
-        SQLite file, or the emulator's file behind D1)."""
-        with sqlite3.connect(self._sql_path()) as conn:
-            return conn.execute(query, params).fetchall()
+    def org_db_paths(self) -> dict[str, Path]:
+        """Each organization's database file, as the control database routes it (the embedded file, or the
+        emulator's file behind the organization's D1 database)."""
+        with sqlite3.connect(self._control_path()) as conn:
+            routes = conn.execute("SELECT organization_id, location FROM org_databases").fetchall()
+        if self.backend == "cloudflare":
+            base = self.emulator.data_dir / "d1" / self.emulator.account
+            return {org: base / f"{loc}.sqlite3" for org, loc in routes}
+        return {org: self.data_dir / "orgs" / loc / "memex.sqlite3" for org, loc in routes}
+
+    def org_location(self, org_id: str) -> str:
+        """Where the organization's database is: its folder name, or its D1 database's uuid."""
+        with sqlite3.connect(self._control_path()) as conn:
+            return conn.execute("SELECT location FROM org_databases WHERE organization_id = ?", (org_id,)).fetchone()[0]
+
+    def sql(self, query: str, params=(), *, org: str | None = None) -> list[tuple]:
+        """Read the stores' files directly (an independent look at what the service stored). A statement on a
+        control table (organizations, keys, bindings, usage, routing) runs in the control database; any other
+        in the database of ``org``, or of the organization whose id is among the parameters, or else in every
+        organization's database (COUNT/SUM results added up, MAX taken, rows concatenated)."""
+        if _CONTROL_TABLES.search(query):
+            with sqlite3.connect(self._control_path()) as conn:
+                return conn.execute(query, params).fetchall()
+        paths = self.org_db_paths()
+        named = [paths[p] for p in (org, *params) if isinstance(p, str) and p in paths]
+        results = []
+        for path in named[:1] or paths.values():
+            with sqlite3.connect(path) as conn:
+                results.append(conn.execute(query, params).fetchall())
+        if len(results) == 1:
+            return results[0]
+        head = query.lstrip().upper()
+        if results and all(len(r) == 1 for r in results) and head.startswith(("SELECT COUNT(", "SELECT SUM(",
+                                                                                  "SELECT COALESCE(MAX(", "SELECT MAX(")):
+            pick = max if "MAX(" in head.split("FROM")[0] else sum
+            return [tuple(pick(r[0][i] or 0 for r in results) for i in range(len(results[0][0])))]
+        return [row for r in results for row in r]
 
     def vectors(self, prefix: str = "") -> list[tuple[str, str, dict]]:
         """(id, namespace, metadata) of every vector whose id starts with ``prefix``, read from the index
-        itself: the local index file, or the emulator's Vectorize API (pending writes applied first)."""
+        itself: each organization's local vector file, or the emulator's Vectorize API (pending writes applied
+        first)."""
         if self.backend == "cloudflare":
             self.emulator.flush_vectors()
             ids, cursor = [], None
@@ -68,8 +103,10 @@ class Live:
                     got = c.post(f"{base}/get_by_ids", json={"ids": ids[i:i + 100]}).json()["result"]
                     out += [(v["id"], v.get("namespace"), v.get("metadata") or {}) for v in got]
                 return out
-        with sqlite3.connect(self.data_dir / "vectors.sqlite3") as conn:
-            rows = conn.execute("SELECT id, namespace, metadata FROM vectors WHERE id LIKE ?", (prefix + "%",)).fetchall()
+        rows = []
+        for path in sorted((self.data_dir / "orgs").glob("*/vectors.sqlite3")):
+            with sqlite3.connect(path) as conn:
+                rows += conn.execute("SELECT id, namespace, metadata FROM vectors WHERE id LIKE ?", (prefix + "%",)).fetchall()
         return [(i, ns, json.loads(md)) for i, ns, md in rows]
 
     def vector_ids(self, prefix: str = "") -> list[str]:

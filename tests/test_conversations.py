@@ -58,18 +58,19 @@ def hlive(request):
 
 
 @asynccontextmanager
-async def second_instance_db(live: Live):
-    """Another service instance's handle on the same SQL store (a fresh connection or D1 client)."""
+async def second_instance_db(live: Live, org_id: str):
+    """Another service instance's handle on the organization's database (a fresh connection or D1 client)."""
+    location = live.org_location(org_id)
     if live.backend == "cloudflare":
-        from services.adapters.cloudflare import d1_database, shared_client
+        from services.adapters.cloudflare import D1Database, api_for, shared_client
 
         http = shared_client(live.memex.settings)
         try:
-            yield d1_database(live.memex.settings, http)
+            yield D1Database(api_for(live.memex.settings, http), location)
         finally:
             await http.aclose()
     else:
-        db = SqliteDatabase(live.data_dir / "memex.sqlite3", readers=2)
+        db = SqliteDatabase(live.data_dir / "orgs" / location / "memex.sqlite3", readers=2)
         try:
             yield db
         finally:
@@ -157,7 +158,8 @@ def _vectors(live: Live, org_id: str) -> dict[str, tuple[list[float], dict]]:
                 for v in c.post(f"{base}/get_by_ids", json={"ids": ids[i:i + 100]}).json()["result"]:
                     out[v["id"][len(prefix):]] = ([round(x, 6) for x in v["values"]], v.get("metadata") or {})
         return out
-    with sqlite3.connect(live.data_dir / "vectors.sqlite3") as conn:
+    org_id = prefix.split(":", 1)[0]
+    with sqlite3.connect(live.data_dir / "orgs" / live.org_location(org_id) / "vectors.sqlite3") as conn:
         rows = conn.execute('SELECT id, "values", metadata FROM vectors WHERE id LIKE ?', (prefix + "%",)).fetchall()
     return {r[0][len(prefix):]: (r[1], json.loads(r[2])) for r in rows}
 
@@ -271,7 +273,7 @@ async def test_two_instances_appending_to_one_conversation_never_collide(hlive, 
         def count_tokens(self, text):
             return len(text.split())
 
-    async with second_instance_db(hlive) as db1, second_instance_db(hlive) as db2:
+    async with second_instance_db(hlive, a.id) as db1, second_instance_db(hlive, a.id) as db2:
         instances = [Conversations(OrgSql(db, a.id), NoVectors(), Counter(), locks=KeyedLocks(), limits=ConversationLimits())
                      for db in (db1, db2)]
         calls = [inst.append(cid, [MessageIn(role="user", content=f"i{k % 2} call {k} msg {j}") for j in range(3)])
@@ -372,7 +374,7 @@ def test_invalid_unicode_is_refused(hlive, a, http):
 
 
 def _insert_legacy(live: Live, org_id: str, cid: str, texts: list[str]) -> None:
-    with sqlite3.connect(live._sql_path()) as conn:
+    with sqlite3.connect(live.org_db_paths()[org_id]) as conn:
         base = conn.execute("SELECT last_sequence FROM conversations WHERE organization_id = ? AND id = ?", (org_id, cid)).fetchone()[0]
         for i, t in enumerate(texts, start=1):
             conn.execute(
@@ -433,7 +435,7 @@ def test_backfill_is_resumable_and_changes_no_content(hlive, a, b, http):
 async def test_backfill_cli_loop_shows_progress(hlive, a, http):
     cid = _create(http, a)
     _insert_legacy(hlive, a.id, cid, LEGACY[:12])
-    async with second_instance_db(hlive) as db:
+    async with second_instance_db(hlive, a.id) as db:
         conv = Conversations(OrgSql(db, a.id), None, None, locks=KeyedLocks())
         out = io.StringIO()
         totals = await backfill_org(conv, batch_size=5, label=a.slug, stream=out)
@@ -499,7 +501,7 @@ def test_delete_leaves_nothing_behind(hlive, a, http):
     assert chunk_ids and set(chunk_ids) <= set(_vectors(hlive, a.id))
     assert http.delete(f"/v1/conversations/{cid}", headers=a.headers).status_code == 204
     assert _footprint(hlive, a.id, cid) == {"messages": 0, "chunks": 0, "fts": 0, "jobs": 0, "keys": 0, "conversation": 0}
-    assert hlive.sql(f"SELECT COUNT(*) FROM chunks_fts WHERE rowid IN ({','.join(map(str, pks))})") == [(0,)]
+    assert hlive.sql(f"SELECT COUNT(*) FROM chunks_fts WHERE rowid IN ({','.join(map(str, pks))})", org=a.id) == [(0,)]
     assert not set(chunk_ids) & set(_vectors(hlive, a.id))
     assert_error(http.get(f"/v1/conversations/{cid}", headers=a.headers), 404, "not_found")
     assert_error(http.delete(f"/v1/conversations/{cid}", headers=a.headers), 404, "not_found")

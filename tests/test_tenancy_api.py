@@ -58,6 +58,11 @@ def test_key_lifecycle_and_scopes(live, client):
     assert_error(client.get("/v1/thoughts", headers=reader), 401, "unauthenticated")
     revoked = {k["id"]: k for k in client.get("/v1/keys", headers=org.headers).json()["keys"]}[reader_id]
     assert revoked["revoked_at"]
+    # the organization has its own database: migrate reaches it, --status lists it
+    assert "organizations: 1 up to date" in memex("migrate")
+    status = memex("migrate", "--status")
+    assert "control: 1/1 applied" in status
+    assert f"{created['organization']['id']} (sqlite " in status and "up to date" in status
 
 
 def test_expired_and_malformed_keys_are_401(live, client):
@@ -117,7 +122,7 @@ def test_cli_does_the_same_work(tmp_path):
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    assert "0001_foundation.sql" in memex("migrate")
+    assert "control: 0001_control.sql" in memex("migrate")
     created = json.loads(memex("org", "create", "--name", "Shell Co", "--slug", "shell-co"))
     assert created["api_key"]["key"].startswith("mx_")
     made = json.loads(memex("key", "create", "--org", "shell-co", "--name", "ci", "--scopes", "read"))

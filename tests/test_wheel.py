@@ -118,7 +118,8 @@ def test_memex_serve_from_the_wheel_captures_indexes_and_finds(venv, tmp_path):
             r = c.post("/v1/search", json={"query": "the fish tank warmer broke", "explain": True}, headers=headers)
             assert r.status_code == 200, r.text
             assert [h["document_id"] for h in r.json()["results"]] == [tid], r.text
-        assert (data / "memex.sqlite3").exists() and not (run_dir / "data").exists()
+        assert (data / "control.sqlite3").exists() and not (run_dir / "data").exists()
+        assert len(list((data / "orgs").glob("*/memex.sqlite3"))) == 1  # the organization's own database
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

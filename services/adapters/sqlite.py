@@ -96,6 +96,7 @@ class SqliteDatabase:
         if not self.path.startswith("file:"):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._writer = _connect(self.path)
+        self._closed = False
         self._write_lock = threading.Lock()
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._all_readers: list[sqlite3.Connection] = []
@@ -181,10 +182,21 @@ class SqliteDatabase:
         """Free space on the file system holding the database (None when unknown)."""
         return free_bytes(self.path)
 
+    def _close(self) -> None:
+        # Wait for statements in flight (a connection closed under a running statement crashes the process).
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._writer.close()
+        for _ in self._all_readers:
+            try:
+                self._readers.get(timeout=30).close()
+            except queue.Empty:  # a reader still busy after 30 s: leave it to the garbage collector
+                log.warning("closing %s: a reader is still busy", self.path)
+
     async def close(self) -> None:
-        self._writer.close()
-        for conn in self._all_readers:
-            conn.close()
+        await asyncio.to_thread(self._close)
 
 
 def _split_script(sql: str) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from services.errors import MemexError
 from services.ids import now_ms
-from services.migrate import MIGRATIONS_DIR, apply_pending, discover
+from services.migrate import CONTROL_DIR, apply_pending, discover
 from services.ports import Embedder, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
 
@@ -112,7 +112,7 @@ async def check(
     out: Out | None = print,
     http: Any = None,
     embedder: Embedder | None = None,
-    migrations_dir: Path = MIGRATIONS_DIR,
+    migrations_dir: Path = CONTROL_DIR,
 ) -> CheckReport:
     """Verify the Cloudflare configuration in ``settings``; print and return what is missing."""
     from . import api_for, shared_client
@@ -513,7 +513,8 @@ async def reindex_org(memex: Any, slug: str, **kw: Any) -> ReindexResult:
         api = _APIS.get(http)
     if api is not None:  # a long batch job: wait for budget slots instead of failing fast
         api.budget.max_wait = max(api.budget.max_wait, api.budget.window + 5)
-    return await reindex(backend.db, backend.index, backend.embedder, org.id, **kw)
+    store = await memex.stores.open(org.id)
+    return await reindex(store.db, store.index, backend.embedder, org.id, **kw)
 
 
 def run_reindex(make_memex: Callable[[], Any], slug: str, *, restart: bool = False, prune: bool = False,

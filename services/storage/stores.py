@@ -1,0 +1,282 @@
+"""One database per organization: where each organization's data lives, and handles bound to it.
+
+The control database (``control``) holds organizations, credentials, bindings, usage and the routing table
+``org_databases``. Every organization's thoughts, chunks, keyword indexes, conversations, history and jobs
+live in a database of its own:
+
+* embedded (``EmbeddedOrgStores``): ``<data dir>/orgs/<org id>/memex.sqlite3`` and, beside it, the
+  organization's vector file ``vectors.sqlite3``. A ``HandlePool`` bounds how many are open at once.
+* Cloudflare (``D1OrgStores``): a D1 database per organization, created through the REST API when the
+  organization is, deleted with it; vectors in a shared Vectorize index, one namespace per organization
+  (the routing row names the index, so an operator can start new organizations in a new index).
+
+The wall between organizations is structural: a handle reaches one organization's database and nothing
+else. Rows still carry ``organization_id`` and vectors keep their ``organization_id`` filter and id prefix
+(``services.scoped``), as defence in depth.
+
+Each organization database is migrated with the ``org`` stream (services.migrate) when it is created, by
+``memex migrate``, and when this process first opens it (so an upgraded service upgrades each organization on
+its first request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from services.errors import NotFound
+from services.ids import now_ms
+from services.migrate import ORG_DIR, applied, apply_pending, discover
+from services.ports import SqlDatabase, Statement, VectorIndex
+from services.scoped import OrgSql, OrgVectors
+from services.storage.pool import HandlePool, PooledDatabase, PooledIndex
+
+__all__ = ["OrgStore", "OrgStores", "EmbeddedOrgStores", "RoutingTable", "OrgDatabaseStatus", "valid_org_id"]
+
+log = logging.getLogger("memex.storage")
+
+_ORG_ID = re.compile(r"^org_[a-z0-9_]{1,64}$")  # new_org_id makes org_ + 16 hex digits
+
+
+def valid_org_id(org_id: str) -> str:
+    """Organization ids become file and database names: only the shape ``new_org_id`` makes is accepted."""
+    if not isinstance(org_id, str) or not _ORG_ID.match(org_id):
+        raise NotFound("organization not found")
+    return org_id
+
+
+@dataclass
+class OrgStore:
+    """One organization's database and vector index (raw ports; services get ``sql``/``vectors``)."""
+
+    org_id: str
+    db: SqlDatabase
+    index: VectorIndex
+    migrated: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def sql(self) -> OrgSql:
+        return OrgSql(self.db, self.org_id)
+
+    @property
+    def vectors(self) -> OrgVectors:
+        return OrgVectors(self.index, self.org_id)
+
+
+@dataclass(frozen=True)
+class OrgDatabaseStatus:
+    org_id: str
+    backend: str
+    location: str
+    applied: list[str]
+    pending: list[str]
+
+
+class RoutingTable:
+    """``org_databases`` in the control database."""
+
+    def __init__(self, control: SqlDatabase) -> None:
+        self.control = control
+
+    async def get(self, org_id: str) -> dict[str, Any] | None:
+        rows = (await self.control.execute("SELECT * FROM org_databases WHERE organization_id = ?", (org_id,))).rows
+        return rows[0] if rows else None
+
+    def insert(self, org_id: str, backend: str, location: str, *, account: str | None = None,
+               vector_index: str | None = None) -> Statement:
+        return Statement(
+            "INSERT INTO org_databases (organization_id, backend, location, account, vector_index, schema_version, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (org_id, backend, location, account, vector_index, _latest(), now_ms()),
+        )
+
+    async def record_version(self, org_id: str, version: str | None) -> None:
+        await self.control.execute("UPDATE org_databases SET schema_version = ? WHERE organization_id = ?",
+                                   (version, org_id))
+
+    async def delete(self, org_id: str) -> None:
+        await self.control.execute("DELETE FROM org_databases WHERE organization_id = ?", (org_id,))
+
+    async def org_ids(self) -> list[str]:
+        rows = (await self.control.execute("SELECT organization_id FROM org_databases ORDER BY created_at")).rows
+        return [r["organization_id"] for r in rows]
+
+    async def all(self) -> list[dict[str, Any]]:
+        return (await self.control.execute("SELECT * FROM org_databases ORDER BY created_at")).rows
+
+
+def _latest() -> str | None:
+    found = discover(ORG_DIR)
+    return found[-1].name if found else None
+
+
+class OrgStores(Protocol):
+    """Where organizations' data lives. ``provision`` makes an organization's database (before the control
+    rows that name it are written: a crash in between leaves an unreferenced database, never a routed
+    organization without one); ``statement`` is the routing row to write in the same batch as the
+    organization; ``open`` hands out its store; ``drop`` removes the database and vectors."""
+
+    control: SqlDatabase
+
+    async def provision(self, org_id: str) -> Statement: ...
+
+    async def discard(self, org_id: str) -> None: ...
+
+    async def open(self, org_id: str) -> OrgStore: ...
+
+    async def drop(self, org_id: str) -> None: ...
+
+    async def org_ids(self) -> list[str]: ...
+
+    async def status(self) -> list[OrgDatabaseStatus]: ...
+
+    async def migrate_all(self, progress: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]: ...
+
+    def open_stores(self) -> list[OrgStore]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class _BaseStores:
+    """What both backends share: the store cache, first-open migrations, status and migrate_all."""
+
+    backend = "?"
+
+    def __init__(self, control: SqlDatabase) -> None:
+        self.control = control
+        self.routing = RoutingTable(control)
+        self._stores: dict[str, OrgStore] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+
+    async def _make(self, org_id: str, route: dict[str, Any]) -> OrgStore:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def open(self, org_id: str) -> OrgStore:
+        store = self._stores.get(org_id)
+        if store is not None and store.migrated:
+            return store
+        lock = self._opening.setdefault(org_id, asyncio.Lock())
+        async with lock:
+            store = self._stores.get(org_id)
+            if store is None:
+                route = await self.routing.get(valid_org_id(org_id))
+                if route is None:
+                    raise NotFound("organization not found")
+                store = await self._make(org_id, route)
+                self._stores[org_id] = store
+            if not store.migrated:
+                ran = await apply_pending(store.db, ORG_DIR)
+                if ran:
+                    log.info("organization %s: applied %s", org_id, ", ".join(ran))
+                    await self.routing.record_version(org_id, ran[-1])
+                store.migrated = True
+        return store
+
+    async def org_ids(self) -> list[str]:
+        return await self.routing.org_ids()
+
+    async def status(self) -> list[OrgDatabaseStatus]:
+        out = []
+        names = [m.name for m in discover(ORG_DIR)]
+        for route in await self.routing.all():
+            org_id = route["organization_id"]
+            store = self._stores.get(org_id) or await self._make(org_id, route)
+            self._stores[org_id] = store
+            done = await applied(store.db)
+            out.append(OrgDatabaseStatus(org_id, route["backend"], route["location"], sorted(done & set(names)),
+                                         [n for n in names if n not in done]))
+        return out
+
+    async def migrate_all(self, progress: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]:
+        """Upgrade every organization's database (resumable: each file commits with its record)."""
+        out: dict[str, list[str]] = {}
+        for org_id in await self.routing.org_ids():
+            store = await self.open(org_id)  # applies what is pending
+            out[org_id] = []
+            if progress is not None:
+                progress(org_id, out[org_id])
+            del store
+        return out
+
+    def open_stores(self) -> list[OrgStore]:
+        return list(self._stores.values())
+
+    def _forget(self, org_id: str) -> OrgStore | None:
+        self._opening.pop(org_id, None)
+        return self._stores.pop(org_id, None)
+
+
+class EmbeddedOrgStores(_BaseStores):
+    """Per-organization SQLite files under ``<data dir>/orgs/``, at most ``max_open`` open at once (databases
+    and vector files counted together)."""
+
+    backend = "sqlite"
+
+    def __init__(self, control: SqlDatabase, data_dir: Path, *, open_database: Callable[[Path], SqlDatabase],
+                 open_index: Callable[[Path], VectorIndex], dimensions: int, max_open: int = 64) -> None:
+        """``open_database(path)`` and ``open_index(path)`` make the adapters (the composition root chooses
+        them); they run in a worker thread, and again whenever the pool reopens an evicted handle."""
+        super().__init__(control)
+        self.root = Path(data_dir) / "orgs"
+        self.dimensions = dimensions
+        self.open_database = open_database
+        self.open_index = open_index
+        self.pool = HandlePool(max_open)
+
+    def directory(self, org_id: str) -> Path:
+        return self.root / valid_org_id(org_id)
+
+    def _database(self, directory: Path) -> PooledDatabase:
+        path, open_database = directory / "memex.sqlite3", self.open_database
+        return PooledDatabase(self.pool, lambda: open_database(path))
+
+    def _index(self, directory: Path) -> PooledIndex:
+        path, open_index = directory / "vectors.sqlite3", self.open_index
+        return PooledIndex(self.pool, lambda: open_index(path), self.dimensions)
+
+    async def _make(self, org_id: str, route: dict[str, Any]) -> OrgStore:
+        directory = self.root / route["location"]
+        if not (directory / "memex.sqlite3").exists():
+            raise NotFound("organization not found", details={"reason": "its database is missing"})
+        return OrgStore(org_id, self._database(directory), self._index(directory))
+
+    async def provision(self, org_id: str) -> Statement:
+        directory = self.directory(org_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        db = self._database(directory)
+        try:
+            await apply_pending(db, ORG_DIR)
+        finally:
+            await db.close()
+        return self.routing.insert(org_id, self.backend, org_id)
+
+    async def discard(self, org_id: str) -> None:
+        """Remove a provisioned database whose organization was never written (a sign-up that lost a race)."""
+        await asyncio.to_thread(shutil.rmtree, self.directory(org_id), True)
+
+    async def drop(self, org_id: str) -> None:
+        store = self._forget(org_id)
+        if store is not None:
+            for handle in (store.db, store.index):
+                await handle.close()  # type: ignore[attr-defined]
+        await self.routing.delete(org_id)
+        await asyncio.to_thread(shutil.rmtree, self.directory(org_id), True)
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": self.backend, "known": len(self._stores), "open_handles": self.pool.open_count,
+                "max_open_handles": self.pool.max_open, "opened": self.pool.opened, "evicted": self.pool.evicted}
+
+    async def close(self) -> None:
+        for store in list(self._stores.values()):
+            for handle in (store.db, store.index):
+                await handle.close()  # type: ignore[attr-defined]
+        self._stores.clear()
