@@ -1,6 +1,6 @@
 """python -m tests.cloudflare_emulator --port P [--host 127.0.0.1] [--data-dir DIR] [--vector-lag-ms N]
                                      [--account ACC] [--token TOKEN] [--rate-limit N] [--rate-window S]
-                                     [--database ID ...]"""
+                                     [--database ID ...] [--d1-max-databases N] [--[no-]d1-auto-create]"""
 
 from __future__ import annotations
 
@@ -25,12 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-limit", type=int, default=1200, help="requests per window per token (default 1200)")
     p.add_argument("--rate-window", type=float, default=300.0, help="rate-limit window/block seconds (default 300)")
     p.add_argument("--database", action="append", default=None,
-                   help="fixed D1 database id (repeatable). Without it any id exists lazily.")
+                   help="preset D1 database id (repeatable). Without it any non-UUID id exists lazily.")
+    p.add_argument("--d1-max-databases", type=int, default=50_000,
+                   help="D1 databases per account before create answers 7406 (default 50000; Free plan: 10)")
+    p.add_argument("--d1-auto-create", action=argparse.BooleanOptionalAction, default=None,
+                   help="create a never-seen non-UUID database id on first use (default: on without --database)")
     args = p.parse_args(argv)
 
     emu = CloudflareEmulator(account=args.account, token=args.token, data_dir=args.data_dir,
                              vector_lag_ms=args.vector_lag_ms, rate_limit=args.rate_limit,
                              rate_window_s=args.rate_window, databases=args.database,
+                             d1_auto_create=args.d1_auto_create, d1_max_databases=args.d1_max_databases,
                              host=args.host, port=args.port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

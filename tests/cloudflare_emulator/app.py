@@ -74,14 +74,13 @@ class _Ctx:
 # --------------------------------------------------------------------------------------------------------
 
 async def d1_list(c: _Ctx) -> Any:
-    dbs = c.emu.d1.list(c.account)
-    c.result_info = {"page": 1, "per_page": len(dbs), "count": len(dbs), "total_count": len(dbs)}
+    q = c.request.query_params
+    dbs, c.result_info = c.emu.d1.list(c.account, q.get("name"), q.get("page"), q.get("per_page"))
     return dbs
 
 
 async def d1_create(c: _Ctx) -> Any:
-    body = await _json_body(c.request)
-    return c.emu.d1.create(c.account, body.get("name") if isinstance(body, dict) else None).info()
+    return c.emu.d1.create(c.account, await _json_body(c.request))
 
 
 async def d1_get(c: _Ctx) -> Any:

@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .errors import D1_BAD_REQUEST, D1_NOT_FOUND, D1_SQL_ERROR, CFError
+from .errors import D1_ACCOUNT_LIMIT, D1_BAD_REQUEST, D1_DUPLICATE_NAME, D1_NOT_FOUND, D1_SQL_ERROR, CFError
 
 MAX_PARAMS = 100
 MAX_STATEMENT_BYTES = 100_000
@@ -170,12 +170,16 @@ def _sqlite_message(e: Exception) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 class D1Database:
-    def __init__(self, path: Path, uuid: str, name: str, created_at: str):
+    def __init__(self, path: Path, uuid: str, name: str, created_at: str, *, region: str = "WEUR",
+                 jurisdiction: str | None = None):
         self.path = path
         self.uuid = uuid
         self.name = name
         self.created_at = created_at
+        self.region = region
+        self.jurisdiction = jurisdiction
         self.lock = threading.Lock()
+        self.closed = False  # deleted: a request that got this object just before the delete answers 7404
         self._user_mode = False
         self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.conn.set_authorizer(self._authorize)
@@ -194,10 +198,16 @@ class D1Database:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             self.conn.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise CFError(404, D1_NOT_FOUND, f"The database {self.uuid} could not be found")
 
     def info(self) -> dict:
         with self.lock:
+            self._check_open()
             n = self.conn.execute(
                 "SELECT count(*) FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
             ).fetchone()[0]
@@ -209,7 +219,8 @@ class D1Database:
             "version": "production",
             "num_tables": n,
             "file_size": size,
-            "running_in_region": "WEUR",
+            "running_in_region": self.region,
+            "jurisdiction": self.jurisdiction,
         }
 
     # -- the request ------------------------------------------------------------------------------------
@@ -229,6 +240,7 @@ class D1Database:
                 raise D1Error("D1_ERROR: cannot start a transaction within a transaction: SQLITE_ERROR")
 
         with self.lock:
+            self._check_open()
             conn = self.conn
             # PRAGMAs last one request: reset the ones a request may have changed.
             conn.execute("PRAGMA foreign_keys = ON")
@@ -309,94 +321,173 @@ class D1Database:
         return {"success": True, "results": res, "meta": meta}
 
 
-class D1Store:
-    """Databases per account. Lazy mode (``databases is None``): any well-formed id exists on first use.
-    Fixed mode: only the listed ids (plus ones created through the API); others answer 7404."""
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+LOCATION_HINTS = ("wnam", "enam", "weur", "eeur", "apac", "oc")
+JURISDICTIONS = ("eu", "fedramp", "us")
+DEFAULT_MAX_DATABASES = 50_000   # doc: databases per account on Workers Paid (Free: 10)
+DEFAULT_PER_PAGE = 1000          # emulator's choice: the docs give min 10 / max 10,000 but no default
+MIN_PER_PAGE, MAX_PER_PAGE = 10, 10_000
 
-    def __init__(self, root: Path, databases: list[str] | None = None):
+
+class D1Store:
+    """D1 databases per account, each its own SQLite file ``root/d1/<account>/<id>.sqlite3``.
+
+    An id exists when it was created through ``POST d1/database`` (a UUID), or is one of the preconfigured
+    ``databases``, or — with ``auto_create`` on, the default when no ``databases`` list is given — is any other
+    well-formed id that is *not UUID-shaped*, on first use (the stand-in for a database made out of band,
+    such as the control database the tests name ``memex-test-db``). UUID-shaped ids, the form the create
+    endpoint hands out, are never auto-created, and a deleted id stays deleted (a tombstone in the catalog)
+    whatever the mode. Everything else answers 404 / 7404.
+
+    ``max_databases`` caps the live databases per account (creating one more answers 400 / 7406); preset and
+    auto-created databases count towards it but are not refused by it.
+    """
+
+    def __init__(self, root: Path, databases: list[str] | None = None, *, auto_create: bool | None = None,
+                 max_databases: int = DEFAULT_MAX_DATABASES):
         self.root = root
         self.fixed = None if databases is None else set(databases)
-        self._lock = threading.Lock()
+        self.auto_create = (databases is None) if auto_create is None else bool(auto_create)
+        self.max_databases = int(max_databases)
+        self._lock = threading.RLock()
         self._dbs: dict[tuple[str, str], D1Database] = {}
+        self._catalogs: dict[str, dict[str, dict]] = {}
 
+    # -- the catalog: {id: {"name", "created_at", ["deleted_at"], ...}} per account, cached, saved on change --
     def _catalog_path(self, account: str) -> Path:
         return self.root / "d1" / account / "_catalog.json"
 
-    def _catalog(self, account: str) -> dict[str, dict]:
-        p = self._catalog_path(account)
-        if p.exists():
-            return json.loads(p.read_text())
-        return {}
+    def _db_path(self, account: str, db_id: str) -> Path:
+        return self.root / "d1" / account / f"{db_id}.sqlite3"
 
-    def _save_catalog(self, account: str, cat: dict) -> None:
+    def _catalog(self, account: str) -> dict[str, dict]:
+        cat = self._catalogs.get(account)
+        if cat is None:
+            p = self._catalog_path(account)
+            cat = json.loads(p.read_text()) if p.exists() else {}
+            missing = [i for i in sorted(self.fixed or ()) if i not in cat]
+            for db_id in missing:  # preset databases exist from the start
+                cat[db_id] = {"name": db_id, "created_at": _now_iso()}
+            self._catalogs[account] = cat
+            if missing:
+                self._save_catalog(account)
+        return cat
+
+    def _save_catalog(self, account: str) -> None:
         p = self._catalog_path(account)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cat))
+        tmp.write_text(json.dumps(self._catalogs[account]))
         os.replace(tmp, p)
 
-    def _exists(self, account: str, db_id: str) -> bool:
-        if not _DB_ID_RE.match(db_id):
-            return False
-        if self.fixed is None:
-            return True
-        return db_id in self.fixed or db_id in self._catalog(account)
+    @staticmethod
+    def _live(cat: dict[str, dict]) -> dict[str, dict]:
+        return {i: e for i, e in cat.items() if not e.get("deleted_at")}
 
+    def _entry(self, account: str, db_id: str) -> dict | None:
+        """The live catalog entry of ``db_id`` (auto-creating it when allowed), or None. Lock held."""
+        cat = self._catalog(account)
+        entry = cat.get(db_id)
+        if entry is not None:
+            return None if entry.get("deleted_at") else entry
+        if not _DB_ID_RE.match(db_id) or not self.auto_create or _UUID_RE.match(db_id):
+            return None
+        entry = {"name": db_id, "created_at": _now_iso()}
+        cat[db_id] = entry
+        self._save_catalog(account)
+        return entry
+
+    @staticmethod
+    def _not_found(db_id: str) -> CFError:
+        return CFError(404, D1_NOT_FOUND, f"The database {db_id} could not be found")
+
+    # -- operations ---------------------------------------------------------------------------------------
     def get(self, account: str, db_id: str) -> D1Database:
         with self._lock:
-            key = (account, db_id)
-            db = self._dbs.get(key)
+            db = self._dbs.get((account, db_id))
             if db is not None:
                 return db
-            if not self._exists(account, db_id):
-                raise CFError(404, D1_NOT_FOUND, f"The database {db_id} could not be found")
-            cat = self._catalog(account)
-            entry = cat.get(db_id)
+            entry = self._entry(account, db_id)
             if entry is None:
-                entry = {"name": db_id, "created_at": _now_iso()}
-                cat[db_id] = entry
-                self._save_catalog(account, cat)
-            path = self.root / "d1" / account / f"{db_id}.sqlite3"
+                raise self._not_found(db_id)
+            path = self._db_path(account, db_id)
             path.parent.mkdir(parents=True, exist_ok=True)
-            db = D1Database(path, db_id, entry["name"], entry["created_at"])
-            self._dbs[key] = db
+            db = D1Database(path, db_id, entry["name"], entry["created_at"],
+                            region=entry.get("created_in_region", "WEUR"), jurisdiction=entry.get("jurisdiction"))
+            self._dbs[(account, db_id)] = db
             return db
 
-    def create(self, account: str, name: str) -> D1Database:
-        if not isinstance(name, str) or not name:
+    def count(self, account: str) -> int:
+        with self._lock:
+            return len(self._live(self._catalog(account)))
+
+    def create(self, account: str, body: Any) -> dict:
+        """``{"name", "primary_location_hint"?, "jurisdiction"?}`` -> the new database's info."""
+        if not isinstance(body, dict):
+            raise CFError(400, D1_BAD_REQUEST, "Request body must be a JSON object with 'name'")
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip():
             raise CFError(400, D1_BAD_REQUEST, "A database name is required")
+        hint = body.get("primary_location_hint")
+        if hint is not None and (not isinstance(hint, str) or hint.lower() not in LOCATION_HINTS):
+            raise CFError(400, D1_BAD_REQUEST, f"primary_location_hint must be one of {', '.join(LOCATION_HINTS)}")
+        jurisdiction = body.get("jurisdiction")
+        if jurisdiction is not None and jurisdiction not in JURISDICTIONS:
+            raise CFError(400, D1_BAD_REQUEST, f"jurisdiction must be one of {', '.join(JURISDICTIONS)}")
         with self._lock:
             cat = self._catalog(account)
-            if any(e.get("name") == name for e in cat.values()):
-                raise CFError(400, D1_BAD_REQUEST, f"A database with name '{name}' already exists")
+            live = self._live(cat)
+            # The name is checked before the limit, so a retried create that already succeeded gets the
+            # duplicate answer (the real API's order is not documented).
+            if any(e.get("name") == name for e in live.values()):
+                raise CFError(400, D1_DUPLICATE_NAME, "A database with that name already exists")
+            if len(live) >= self.max_databases:
+                raise CFError(400, D1_ACCOUNT_LIMIT,
+                              f"System limit reached: databases per account ({self.max_databases})")
             db_id = str(uuidlib.uuid4())
-            cat[db_id] = {"name": name, "created_at": _now_iso()}
-            self._save_catalog(account, cat)
-            if self.fixed is not None:
-                self.fixed.add(db_id)
-        return self.get(account, db_id)
+            entry: dict[str, Any] = {"name": name, "created_at": _now_iso(),
+                                     "created_in_region": (hint or "weur").upper()}
+            if hint is not None:
+                entry["primary_location_hint"] = hint.lower()
+            if jurisdiction is not None:
+                entry["jurisdiction"] = jurisdiction
+            cat[db_id] = entry
+            self._save_catalog(account)
+            info = self.get(account, db_id).info()  # opens (and so creates) its SQLite file
+        info["created_in_region"] = entry["created_in_region"]
+        return info
 
-    def list(self, account: str) -> list[dict]:
+    def list(self, account: str, name: str | None = None, page: Any = None,
+             per_page: Any = None) -> tuple[list[dict], dict]:
+        """One page of ``GET d1/database`` -> (items, result_info). ``name`` = case-insensitive substring."""
+        page_n = _int_arg("page", page, 1, 1, None)
+        size = _int_arg("per_page", per_page, DEFAULT_PER_PAGE, MIN_PER_PAGE, MAX_PER_PAGE)
         with self._lock:
-            ids = set(self._catalog(account))
-            if self.fixed is not None:
-                ids |= self.fixed
-        return [self.get(account, i).info() for i in sorted(ids)]
+            live = self._live(self._catalog(account))
+            rows = sorted(live.items(), key=lambda kv: (kv[1]["created_at"], kv[0]))
+        if name:
+            needle = name.lower()
+            rows = [(i, e) for i, e in rows if needle in e["name"].lower()]
+        chunk = rows[(page_n - 1) * size: page_n * size]
+        items = [{"uuid": i, "name": e["name"], "created_at": e["created_at"], "version": "production",
+                  "jurisdiction": e.get("jurisdiction")} for i, e in chunk]
+        info = {"page": page_n, "per_page": size, "count": len(items), "total_count": len(rows)}
+        return items, info
 
     def delete(self, account: str, db_id: str) -> None:
-        db = self.get(account, db_id)
         with self._lock:
-            db.close()
-            self._dbs.pop((account, db_id), None)
+            if self._entry(account, db_id) is None:
+                raise self._not_found(db_id)
+            db = self._dbs.pop((account, db_id), None)
+            if db is not None:
+                db.close()
+            path = self._db_path(account, db_id)
             for suffix in ("", "-journal", "-wal", "-shm"):
-                p = Path(str(db.path) + suffix)
+                p = Path(str(path) + suffix)
                 if p.exists():
                     p.unlink()
-            cat = self._catalog(account)
-            cat.pop(db_id, None)
-            self._save_catalog(account, cat)
-            if self.fixed is not None:
-                self.fixed.discard(db_id)
+            self._catalog(account)[db_id]["deleted_at"] = _now_iso()
+            self._save_catalog(account)
 
     def close(self) -> None:
         with self._lock:
@@ -406,6 +497,18 @@ class D1Store:
                 except Exception:
                     pass
             self._dbs.clear()
+
+
+def _int_arg(what: str, raw: Any, default: int, lo: int, hi: int | None) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        n = int(str(raw))
+    except ValueError:
+        raise CFError(400, D1_BAD_REQUEST, f"{what} must be an integer")
+    if n < lo or (hi is not None and n > hi):
+        raise CFError(400, D1_BAD_REQUEST, f"{what} must be between {lo} and {hi}" if hi else f"{what} must be >= {lo}")
+    return n
 
 
 def _now_iso() -> str:

@@ -37,6 +37,8 @@ def error_envelope(code: int, message: str) -> dict:
 # choice (the docs only promise `success: false` + an `errors[]` entry, and say not to branch on SQL codes).
 AUTH_ERROR = 10000          # doc
 D1_NOT_FOUND = 7404         # doc
+D1_ACCOUNT_LIMIT = 7406     # doc (HTTP 400; message "System limit reached: databases per account (N)")
+D1_DUPLICATE_NAME = 7502    # wrangler's d1/create.ts maps it to "A database with that name already exists"
 D1_SQL_ERROR = 7500         # emulator's choice (SQL errors: read errors[].message)
 D1_BAD_REQUEST = 7400       # emulator's choice
 NO_ROUTE = 7000             # emulator's choice

@@ -16,7 +16,7 @@ import uvicorn
 from .ai import WorkersAI
 from .app import ADMIN_PREFIX, API_PREFIX, build_app
 from .control import Counters, Faults, RateLimiter
-from .d1 import D1Store
+from .d1 import DEFAULT_MAX_DATABASES, D1Store
 from .vectorize import VectorizeStore
 
 DEFAULT_ACCOUNT = "test-account"
@@ -50,6 +50,8 @@ class CloudflareEmulator:
         rate_limit: int = 1200,
         rate_window_s: float = 300.0,
         databases: Iterable[str] | None = None,
+        d1_auto_create: bool | None = None,
+        d1_max_databases: int = DEFAULT_MAX_DATABASES,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -71,7 +73,8 @@ class CloudflareEmulator:
         self.rate_limiter = RateLimiter(rate_limit, rate_window_s)
         self.faults = Faults()
         self.counters = Counters()
-        self.d1 = D1Store(root, None if databases is None else list(databases))
+        self.d1 = D1Store(root, None if databases is None else list(databases), auto_create=d1_auto_create,
+                          max_databases=d1_max_databases)
         self.vectorize = VectorizeStore(root if persist_vectors else None, lambda: self.vector_lag_ms)
         self.ai = WorkersAI()
         self.app = build_app(self)
@@ -112,7 +115,10 @@ class CloudflareEmulator:
     def start(self, timeout: float = 10.0) -> "CloudflareEmulator":
         if self._thread is not None:
             return self
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; with proto 0 every response waits
+        # on Nagle + the client's delayed ACK (~40 ms a request on loopback)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         sock.listen(128)
@@ -160,6 +166,27 @@ class CloudflareEmulator:
 
     def reset_rate_limit(self) -> None:
         self.rate_limiter.reset()
+
+    @property
+    def d1_max_databases(self) -> int:
+        """Databases per account before `POST d1/database` answers 400 / 7406 (default 50,000, Paid plan)."""
+        return self.d1.max_databases
+
+    @d1_max_databases.setter
+    def d1_max_databases(self, n: int) -> None:
+        n = int(n)
+        if n < 0:
+            raise ValueError("d1_max_databases must be >= 0")
+        self.d1.max_databases = n
+
+    @property
+    def d1_auto_create(self) -> bool:
+        """Whether a never-seen, non-UUID database id springs into existence on first use."""
+        return self.d1.auto_create
+
+    @d1_auto_create.setter
+    def d1_auto_create(self, on: bool) -> None:
+        self.d1.auto_create = bool(on)
 
     def inject_fault(self, kind: str = "status", count: int = 1, *, path_contains: str | None = None,
                      method: str | None = None, status: int | None = None, retry_after: float | None = None,
@@ -221,6 +248,8 @@ class CloudflareEmulator:
             "rate_window_s": self.rate_limiter.window_s,
             "data_dir": str(self.data_dir),
             "d1_fixed_databases": None if self.d1.fixed is None else sorted(self.d1.fixed),
+            "d1_auto_create": self.d1_auto_create,
+            "d1_max_databases": self.d1_max_databases,
         }
 
     # -- admin HTTP (same knobs, for an emulator started in another process) -----------------------------
@@ -231,9 +260,15 @@ class CloudflareEmulator:
         if route == ("GET", "/config"):
             return self.config()
         if route == ("POST", "/config"):
-            allowed = {"vector_lag_ms", "rate_limit", "rate_window_s"}
+            allowed = {"vector_lag_ms", "rate_limit", "rate_window_s", "d1_max_databases", "d1_auto_create"}
             if set(body) - allowed:
                 raise ValueError(f"unknown config keys {sorted(set(body) - allowed)}")
+            if "d1_auto_create" in body and not isinstance(body["d1_auto_create"], bool):
+                raise ValueError("d1_auto_create must be true or false")
+            if "d1_max_databases" in body:
+                self.d1_max_databases = body["d1_max_databases"]
+            if "d1_auto_create" in body:
+                self.d1_auto_create = body["d1_auto_create"]
             if "vector_lag_ms" in body:
                 self.vector_lag_ms = float(body["vector_lag_ms"])
             if "rate_limit" in body or "rate_window_s" in body:
