@@ -8,7 +8,9 @@ for /health and metrics.
 
 Optional settings read with defaults (``getattr``), for the lead to add to ``api.settings.Settings``:
 ``cloudflare_budget_limit`` (1100), ``cloudflare_budget_window`` (300.0 s), ``cloudflare_budget_max_wait``
-(30.0 s: how long a call may wait for a budget slot before failing with 503).
+(30.0 s: how long a call may wait for a budget slot before failing with 503); for ``d1_admin``,
+``cloudflare_d1_location_hint`` (weur|eeur|apac|oc|wnam|enam) and ``cloudflare_d1_jurisdiction`` (eu|fedramp)
+sent with every database it creates (default: none, Cloudflare picks).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from .client import (
     default_timeout,
 )
 from .d1 import D1Database, D1Error, D1IntegrityError, D1OperationalError, D1ProgrammingError
+from .d1_admin import D1AccountLimit, D1Admin
 from .vectorize import VectorizeIndex, model_description
 from .workers_ai import WorkersAIChat, WorkersAIEmbedder, WorkersAIReranker
 
 __all__ = [
     "shared_client",
     "d1_database",
+    "d1_admin",
     "vectorize_index",
     "workers_ai_embedder",
     "workers_ai_chat",
@@ -51,6 +55,8 @@ __all__ = [
     "BudgetExhausted",
     "RequestBudget",
     "D1Database",
+    "D1Admin",
+    "D1AccountLimit",
     "D1Error",
     "D1IntegrityError",
     "D1OperationalError",
@@ -113,6 +119,17 @@ def cloudflare_stats(http: httpx.AsyncClient | None) -> dict[str, Any] | None:
 def d1_database(settings: Any, http: httpx.AsyncClient | None) -> D1Database:
     _require(settings, "cloudflare_d1_database_id", why="MEMEX_SQL=d1")
     return D1Database(api_for(settings, http), settings.cloudflare_d1_database_id)
+
+
+def d1_admin(settings: Any, http: httpx.AsyncClient | None) -> D1Admin:
+    """Create/list/delete whole D1 databases (one per organization) on the shared API and budget. The control
+    database (``cloudflare_d1_database_id``, when set) is protected from deletion."""
+    return D1Admin(
+        api_for(settings, http),
+        protected=[getattr(settings, "cloudflare_d1_database_id", None) or ""],
+        primary_location_hint=getattr(settings, "cloudflare_d1_location_hint", None),
+        jurisdiction=getattr(settings, "cloudflare_d1_jurisdiction", None),
+    )
 
 
 def vectorize_index(settings: Any, http: httpx.AsyncClient | None, embedder: Embedder) -> VectorizeIndex:

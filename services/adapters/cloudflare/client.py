@@ -215,8 +215,10 @@ class CloudflareApi:
         params: Mapping[str, Any] | None = None,
         classify: Callable[[CloudflareApiError], str | None] | None = None,
         timeout: httpx.Timeout | float | None = None,
+        envelope: bool = False,
     ) -> Any:
-        """One API call; returns the envelope's ``result``.
+        """One API call; returns the envelope's ``result`` (the whole envelope with ``envelope=True``: for the
+        list endpoints, whose ``result_info`` carries the pagination).
 
         ``classify(error)`` may return ``"not_run"`` (retry always), ``"transient"`` (retry when idempotent),
         ``"fatal"`` (never retry) or ``None`` (the generic rules: 429 always, 5xx when idempotent) for an
@@ -266,7 +268,7 @@ class CloudflareApi:
                 body = None
             ok = isinstance(body, dict) and body.get("success") is True and resp.status_code < 400
             if ok:
-                return body.get("result")
+                return body if envelope else body.get("result")
 
             err = self._error(kind, resp, body, attempt)
             verdict = classify(err) if classify is not None else None
