@@ -1,7 +1,8 @@
 """Access bindings belong to the organization that made them: two organizations bind the same member email
 and the same service token common_name, each with its own role or scopes; each sees and removes only its
 own; the organization a request acts in is the one its URL or Memex-Organization header names, never
-whichever bound last (migration 0009 lifted the deployment-wide UNIQUE on common_name)."""
+whichever bound last (legacy migration 0009 lifted the deployment-wide UNIQUE on common_name; the control
+database's schema, which replaced the legacy stream, keeps it lifted)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sqlite3
 import pytest
 
 from services.adapters.sqlite import SqliteDatabase
-from services.migrate import MIGRATIONS_DIR, apply_pending
+from services.migrate import CONTROL_DIR, LEGACY_DIR, apply_pending
 from tests.access_fixtures import AUD, SERVICE_COMMON_NAME, TEAM_DOMAIN, JWKSServer, default_key, make_token
 from tests.conftest import assert_error, signup, start_live
 from tests.mcp_client import mcp_session
@@ -130,11 +131,14 @@ def test_removal_in_one_organization_leaves_the_other(two_orgs):
 
 
 async def test_migration_0009_keeps_existing_tokens_and_lets_a_second_org_bind(tmp_path):
+    """0009 is in the legacy stream now (the single-database layout the converter brings up to date before it
+    moves a deployment to one database per organization): an old database at 0008 keeps its tokens through it."""
     before = tmp_path / "before"
     before.mkdir()
-    for p in sorted(MIGRATIONS_DIR.glob("*.sql")):
+    for p in sorted(LEGACY_DIR.glob("*.sql")):
         if p.name < "0009":
             shutil.copy(p, before / p.name)
+    assert len(list(before.glob("*.sql"))) == 8
     db = SqliteDatabase(tmp_path / "m.sqlite3")
     try:
         await apply_pending(db, before)
@@ -143,12 +147,32 @@ async def test_migration_0009_keeps_existing_tokens_and_lets_a_second_org_bind(t
         await db.execute("INSERT INTO service_tokens VALUES ('org_a', ?, 'a bot', '[\"read\"]', 1)", (SERVICE_COMMON_NAME,))
         with pytest.raises(Exception):
             await db.execute("INSERT INTO service_tokens VALUES ('org_b', ?, 'b bot', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
-        assert "0009_bindings_per_organization.sql" in await apply_pending(db)
+        assert "0009_bindings_per_organization.sql" in await apply_pending(db, LEGACY_DIR)
         await db.execute("INSERT INTO service_tokens VALUES ('org_b', ?, 'b bot', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
         rows = (await db.execute("SELECT organization_id, name FROM service_tokens ORDER BY organization_id")).rows
         assert [(r["organization_id"], r["name"]) for r in rows] == [("org_a", "a bot"), ("org_b", "b bot")]
     finally:
         await db.close()
     with sqlite3.connect(tmp_path / "m.sqlite3") as conn:  # the lookup by common_name has its index
+        plan = conn.execute("EXPLAIN QUERY PLAN SELECT * FROM service_tokens WHERE common_name = ?", ("x",)).fetchall()
+    assert any("service_tokens_by_common_name" in str(row) for row in plan)
+
+
+async def test_the_control_database_binds_a_common_name_per_organization(tmp_path):
+    """What a deployment runs now: the control stream's service_tokens is per organization from the start."""
+    db = SqliteDatabase(tmp_path / "control.sqlite3")
+    try:
+        await apply_pending(db, CONTROL_DIR)
+        for org in ("org_a", "org_b"):
+            await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)", (org, org.replace("_", "-"), org))
+        for org in ("org_a", "org_b"):
+            await db.execute("INSERT INTO service_tokens VALUES (?, ?, ?, '[\"read\"]', 1)", (org, SERVICE_COMMON_NAME, f"{org} bot"))
+        with pytest.raises(Exception):  # unique per organization
+            await db.execute("INSERT INTO service_tokens VALUES ('org_a', ?, 'again', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
+        rows = (await db.execute("SELECT organization_id, name FROM service_tokens ORDER BY organization_id")).rows
+        assert [(r["organization_id"], r["name"]) for r in rows] == [("org_a", "org_a bot"), ("org_b", "org_b bot")]
+    finally:
+        await db.close()
+    with sqlite3.connect(tmp_path / "control.sqlite3") as conn:
         plan = conn.execute("EXPLAIN QUERY PLAN SELECT * FROM service_tokens WHERE common_name = ?", ("x",)).fetchall()
     assert any("service_tokens_by_common_name" in str(row) for row in plan)

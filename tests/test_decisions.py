@@ -8,17 +8,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.adapters.local_vectors import LocalVectorIndex
-from services.adapters.sqlite import SqliteDatabase
 from services.decisions import Decisions, Similar, validate_answer
 from services.errors import BackendError
 from services.llm_budget import BudgetedLLM, LLMBudget
-from services.migrate import apply_pending
+from services.ports import SqlDatabase, VectorIndex
 from services.recent_vectors import RecentVectors, cached_embed_handler
 from services.scoped import OrgSql, OrgVectors
+from services.storage.stores import EmbeddedOrgStores, OrgStore
 from services.thoughts import Thoughts
 from services.worker import JobWorker
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM, basis, near
+from tests.stores import make_stores
 
 OLD = "The team offsite is in Lisbon in the first week of May."
 NEW = "The team offsite moved to Porto for the first week of May."
@@ -30,18 +30,31 @@ async def _noop(sql, vectors, embedder, job):
 
 @dataclass
 class Env:
-    db: SqliteDatabase
-    index: LocalVectorIndex
+    control: SqlDatabase
+    stores: EmbeddedOrgStores
+    org: dict[str, OrgStore]  # each organization's own database and vector index
     emb: ScriptedEmbedder
     recent: RecentVectors
     worker: JobWorker
 
+    @property
+    def db(self) -> SqlDatabase:
+        """org_a's database (the organization most tests write to)."""
+        return self.org["org_a"].db
+
+    @property
+    def index(self) -> VectorIndex:
+        """org_a's vector index."""
+        return self.org["org_a"].index
+
     def thoughts(self, org: str = "org_a", llm=None, *, recent: bool = True, decide: bool = True) -> Thoughts:
-        sql, vec = OrgSql(self.db, org), OrgVectors(self.index, org)
+        sql, vec = self.org[org].sql, self.org[org].vectors
         dec = Decisions(sql, vec, self.emb, llm=llm, recent=self.recent if recent else None) if decide else None
         return Thoughts(sql, vec, self.emb, decisions=dec)
 
     async def drain(self) -> None:
+        for org in self.org:
+            self.worker.wake(org)
         await self.worker.drain()
 
     async def existing(self, t: Thoughts, text: str = OLD, vector=None) -> str:
@@ -52,27 +65,25 @@ class Env:
         return res.id
 
     async def count(self, sql: str, *params) -> int:
-        return (await self.db.execute(sql, params)).rows[0]["n"]
+        """The count over every organization's database (what the service stored anywhere)."""
+        return sum([(await store.db.execute(sql, params)).rows[0]["n"] for store in self.org.values()])
 
     async def docs(self, org: str = "org_a") -> list[str]:
-        rows = (await self.db.execute("SELECT content FROM documents WHERE organization_id = ? ORDER BY created_at", (org,))).rows
+        rows = (await self.org[org].db.execute(
+            "SELECT content FROM documents WHERE organization_id = ? ORDER BY created_at", (org,))).rows
         return [r["content"] for r in rows]
 
 
 @pytest.fixture
 async def env(tmp_path):
-    db = SqliteDatabase(tmp_path / "m.sqlite3")
-    await apply_pending(db)
-    for org in ("org_a", "org_b"):
-        await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES (?, ?, ?, 'active', 1)",
-                         (org, org.replace("_", "-"), org))
     emb = ScriptedEmbedder()
-    index = LocalVectorIndex(tmp_path / "v.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
+    control, stores = await make_stores(tmp_path, emb)
+    org = {o: await stores.open(o) for o in ("org_a", "org_b")}
     recent = RecentVectors()
-    worker = JobWorker(db, index, emb, handlers={"embed": cached_embed_handler(recent), "enrich": _noop})
-    yield Env(db, index, emb, recent, worker)
-    await index.close()
-    await db.close()
+    worker = JobWorker(stores, emb, handlers={"embed": cached_embed_handler(recent), "enrich": _noop})
+    yield Env(control, stores, org, emb, recent, worker)
+    await stores.close()
+    await control.close()
 
 
 # -- the bands, with a model ------------------------------------------------------------------------
@@ -256,7 +267,7 @@ async def test_without_a_model(env, cos, action):
 
 async def test_over_budget_behaves_as_without_a_model(env):
     inner = ScriptedLLM({"action": "replace", "target_id": "m1"})
-    sql = OrgSql(env.db, "org_a")
+    sql = OrgSql(env.control, "org_a")  # usage is counted in the control database, as Memex.budgeted_llm does
     t = env.thoughts(llm=BudgetedLLM(inner, sql, LLMBudget(calls_per_day=0, tokens_per_day=0)))
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
@@ -308,7 +319,7 @@ async def test_replace_writes_the_new_thought_before_removing_the_old(env):
             order.append(("vectors deleted", docs))
             return await self.index.delete_by_ids(ids)
 
-    sql = OrgSql(env.db, "org_a")
+    sql = env.org["org_a"].sql
     vec = OrgVectors(Spy(env.index), "org_a")
     t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb, llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
     await env.existing(t)
@@ -456,11 +467,7 @@ async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp
     """Without a language model only >= 0.85 similarity changes the outcome; the gate embeds a capture only
     when an existing thought shares enough of its words, and still blocks near-duplicates."""
     from services.adapters.hash_embedder import HashEmbedder
-    from services.adapters.local_vectors import LocalVectorIndex
-    from services.adapters.sqlite import SqliteDatabase
     from services.decisions import Decisions
-    from services.migrate import apply_pending
-    from services.scoped import OrgSql, OrgVectors
     from services.thoughts import Thoughts
     from services.worker import JobWorker
 
@@ -471,19 +478,18 @@ async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp
             CountingEmbedder.calls += 1
             return await super().embed(texts)
 
-    db = SqliteDatabase(tmp_path / "g.sqlite3")
-    await apply_pending(db)
-    await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_g', 'g', 'G', 'active', 1)")
     emb = CountingEmbedder()
-    index = LocalVectorIndex(None, dimensions=emb.dimensions, model=emb.model_id)
-    sql, vec = OrgSql(db, "org_g"), OrgVectors(index, "org_g")
+    control, stores = await make_stores(tmp_path, emb, orgs=("org_g",))
+    store = await stores.open("org_g")
+    sql, vec = store.sql, store.vectors
     t = Thoughts(sql, vec, emb, decisions=Decisions(sql, vec, emb, lexical_gate=True))
     first = await t.capture("The quarterly planning offsite moves to the Lisbon office in March.")
-    await JobWorker(db, index, emb).drain()
+    await JobWorker(stores, emb).drain()
     before = CountingEmbedder.calls
     novel = await t.capture("Sourdough starters need feeding twice daily with rye flour.")
     assert novel.decision.action == "created" and CountingEmbedder.calls == before  # no model run on the request path
     near = await t.capture("The quarterly planning offsite moves to the Lisbon office in March!")
     assert CountingEmbedder.calls > before
     assert near.decision.action in ("duplicate", "flagged") and near.decision.related_id == first.id
-    await db.close()
+    await stores.close()
+    await control.close()

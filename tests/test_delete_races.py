@@ -14,6 +14,7 @@ until the test releases it. No sleeps, no timing: every wait is for a condition.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +41,19 @@ class Hold:
         await asyncio.to_thread(self.release.wait, WAIT)  # the event loop keeps serving meanwhile
 
 
+def org_index(live, org_id: str):
+    """The vector index the running service uses for the organization (its own vector file embedded, the
+    shared Vectorize index on Cloudflare): the organization's store, opened on the server's event loop."""
+    loop = live.memex.worker._task.get_loop()
+    return asyncio.run_coroutine_threadsafe(live.memex.stores.open(org_id), loop).result(WAIT).index
+
+
 class Instrumented:
-    """The service's vector index with two holds: before the worker's upsert of an organization's vectors,
-    and after the first delete of that organization's vectors once ``delete.armed`` is set."""
+    """The organization's vector index with two holds: before the worker's upsert of an organization's
+    vectors, and after the first delete of that organization's vectors once ``delete.armed`` is set."""
 
     def __init__(self, live, org_id: str) -> None:
-        self.index = live.memex.backend.index
+        self.index = org_index(live, org_id)
         self.prefix = f"{org_id}:"
         self.upsert, self.delete = Hold(), Hold()
         self.delete.armed = False
@@ -219,12 +227,14 @@ def test_delete_while_an_enrich_job_is_mid_way(hlive, when):
         assert woke.status_code == 201, woke.text
         assert ix.fetch.reached.wait(WAIT), "the enrichment never read the vectors"
         assert _delete(http, org, "thought", pid) == 204
-        last_job = _last_job_id(hlive)
+        last_job = _last_job_id(hlive, org)
         ix.fetch.release.set()
         _wait_no_jobs(hlive, org)
-        assert _last_job_id(hlive) == last_job  # no job was queued for it after its deletion
+        assert _last_job_id(hlive, org) == last_job  # no job was queued for it after its deletion
     assert _left(hlive, org, pid) == []
 
 
-def _last_job_id(live) -> int:
-    return live.sql("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'")[0][0]
+def _last_job_id(live, org) -> int:
+    """The last job id handed out in the organization's own database (its jobs live there)."""
+    with sqlite3.connect(live.org_db_paths()[org.id]) as conn:
+        return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'").fetchone()[0]

@@ -66,21 +66,33 @@ async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(t
 
     from services.adapters.hash_embedder import HashEmbedder
     from services.adapters.local_vectors import LocalVectorIndex
-    from services.migrate import apply_pending
-    from services.scoped import OrgSql, OrgVectors
+    from services.migrate import CONTROL_DIR, apply_pending
+    from services.storage.stores import EmbeddedOrgStores
     from services.thoughts import Thoughts
     from services.worker import JobWorker
+    from tests.stores import add_org
 
-    db = SqliteDatabase(tmp_path / "memex.sqlite3")
     emb = HashEmbedder()
-    index = LocalVectorIndex(tmp_path / "vectors.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
-    worker = JobWorker(db, index, emb, poll_seconds=0.05)
+    control = SqliteDatabase(tmp_path / "control.sqlite3")
+    opened: dict[Path, LocalVectorIndex] = {}
+
+    def open_index(path):  # the organization's vector file, kept at hand to cap its size
+        opened[path] = LocalVectorIndex(path, dimensions=emb.dimensions, model=emb.model_id)
+        return opened[path]
+
+    stores = EmbeddedOrgStores(control, tmp_path, dimensions=emb.dimensions,
+                               open_database=lambda path: SqliteDatabase(path, readers=2), open_index=open_index)
+    worker = JobWorker(stores, emb, poll_seconds=0.05)
     try:
-        await apply_pending(db)
-        await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES ('org_full', 'full', 'F', 0)")
-        thoughts = Thoughts(OrgSql(db, "org_full"), OrgVectors(index, "org_full"), emb, on_enqueue=worker.wake)
+        await apply_pending(control, CONTROL_DIR)
+        await add_org(control, stores, "org_full")
+        store = await stores.open("org_full")
+        db = store.db  # the organization's own database: its jobs and chunks
+        thoughts = Thoughts(store.sql, store.vectors, emb, on_enqueue=lambda: worker.wake("org_full"))
         for i in range(12):  # more vectors than the file's free pages hold
             await thoughts.capture(f"Note {i}: the disk of the build cache fills up every Friday. " * 60)
+        await store.index.info()  # open the vector file
+        index = opened[tmp_path / "orgs" / "org_full" / "vectors.sqlite3"]
         with index._write_lock:
             pages = index._db.execute("PRAGMA page_count").fetchone()[0]
             index._db.execute(f"PRAGMA max_page_count = {pages}")
@@ -102,11 +114,12 @@ async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(t
             await asyncio.sleep(0.01)
         assert worker.paused is None and await worker.pending() == 0 and left == 0
         assert (await db.execute("SELECT COUNT(*) AS n FROM jobs WHERE state = 'failed'")).rows == [{"n": 0}]
+        assert (await db.execute("SELECT COUNT(*) AS n FROM jobs")).rows == [{"n": 0}]  # every job completed
         assert len(await index.ids_in_namespace("org_full")) > 0
     finally:
         await worker.stop()
-        await index.close()
-        await db.close()
+        await stores.close()
+        await control.close()
 
 
 @pytest.fixture
@@ -168,7 +181,9 @@ def test_a_full_disk_answers_507_pauses_the_worker_and_recovers(small_disk):
                     assert r.status_code == 201, r.text
                     ids.append(r.json()["id"])
                     assert ix.upsert.reached.wait(WAIT)
-                wal_before = (small_disk / "data" / "memex.sqlite3-wal").stat().st_size
+                # the organization's own database holds its thoughts and jobs (data/orgs/<org>/memex.sqlite3)
+                wal = small_disk / "data" / "orgs" / live.org_location(org.id) / "memex.sqlite3-wal"
+                wal_before = wal.stat().st_size
                 _fill(small_disk / "filler")
                 health = http.get("/health").json()
                 assert health["free_bytes"] is not None and health["free_bytes"] < 1 << 20
@@ -199,7 +214,7 @@ def test_a_full_disk_answers_507_pauses_the_worker_and_recovers(small_disk):
 
             _until("every pending job to complete", drained)
             # resuming checkpointed the write-ahead log into the database and truncated it
-            assert (small_disk / "data" / "memex.sqlite3-wal").stat().st_size < wal_before
+            assert wal.stat().st_size < wal_before
             for tid in ids:
                 assert live.wait_indexed(org.headers, tid)["indexing"]["state"] == "indexed", tid
             assert live.sql("SELECT COUNT(*) FROM jobs WHERE organization_id = ?", (org.id,)) == [(0,)]

@@ -27,7 +27,7 @@ from services.adapters.llm import OpenAICompatibleLLM, WorkersAIRerankerPort, pa
 from services.adapters.sqlite import SqliteDatabase
 from services.errors import BackendError
 from services.llm_budget import BudgetedLLM, BudgetExceeded, LLMBudget
-from services.migrate import apply_pending
+from services.migrate import CONTROL_DIR, apply_pending
 from services.ports import ChatMessage, LLMResult
 from services.scoped import OrgSql, OrgVectors
 from services.tagging import (
@@ -183,8 +183,9 @@ class CountingLLM:
 
 @pytest.fixture
 async def db(tmp_path):
-    d = SqliteDatabase(tmp_path / "budget.sqlite3")
-    await apply_pending(d)
+    """The control database: LLM usage is counted there, beside the organizations (Memex.budgeted_llm)."""
+    d = SqliteDatabase(tmp_path / "control.sqlite3")
+    await apply_pending(d, CONTROL_DIR)
     for org in ("org_a", "org_b"):
         await d.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)", (org, org, org))
     yield d
@@ -367,14 +368,15 @@ async def _memex(tmp: Path, **overrides) -> tuple[Memex, OrgSql, OrgVectors, str
     m = Memex(Settings(data_dir=tmp, embedder="hash", run_worker=False, **overrides))
     await m.start(worker=False)
     org, _ = await m.orgs.create(name="late", slug=f"late-{int(time.time() * 1e6) % 10**9}")
-    return m, OrgSql(m.backend.db, org.id), OrgVectors(m.backend.index, org.id), org.id
+    store = await m.stores.open(org.id)
+    return m, store.sql, store.vectors, org.id
 
 
 async def test_tags_are_added_to_vectors_written_before_the_enrichment(tmp_path):
     m, sql, vectors, org_id = await _memex(tmp_path)
     try:
         ctx = AuthContext(org_id=org_id, org_slug="late", principal="t", scopes=frozenset({"read", "write"}))
-        res = await m.for_org(ctx).thoughts.capture("Grafana dashboards for the Loki logging pipeline and alerts.")
+        res = await (await m.for_org(ctx)).thoughts.capture("Grafana dashboards for the Loki logging pipeline and alerts.")
         await embed_parent(sql, vectors, m.backend.embedder, Job(0, org_id, "embed", res.id, 1))  # embed first
         (chunk,) = await sql.rows("SELECT id FROM chunks WHERE organization_id = ?1", [])
         assert "tags" not in (await vectors.get_by_ids([chunk["id"]]))[0].metadata
@@ -394,11 +396,12 @@ async def test_on_vectorize_a_vector_not_visible_yet_is_embedded_again_with_the_
 
     emb = HashEmbedder()
     with running_emulator(data_dir=tmp_path / "emu", vector_lag_ms=60_000, rate_limit=1_000_000) as emu:
+        # the Cloudflare backend (D1 + Vectorize on the emulator): a database and its vectors live together
         m, sql, vectors, org_id = await _memex(
-            tmp_path / "svc", **{**provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id), "sql": "sqlite"})
+            tmp_path / "svc", **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
         try:
             ctx = AuthContext(org_id=org_id, org_slug="late", principal="t", scopes=frozenset({"read", "write"}))
-            res = await m.for_org(ctx).thoughts.capture("Terraform modules for the staging VPC peering setup.")
+            res = await (await m.for_org(ctx)).thoughts.capture("Terraform modules for the staging VPC peering setup.")
             await embed_parent(sql, vectors, m.backend.embedder, Job(0, org_id, "embed", res.id, 1))
             e = await m.enricher(sql, vectors).enrich(res.id)  # the vector is not applied yet (60 s lag)
             pending = await sql.rows("SELECT kind FROM jobs WHERE organization_id = ?1 AND target_id = ?2", [res.id])
@@ -516,7 +519,7 @@ def test_backfill_cli_runs_to_the_end_with_a_progress_bar(nlive):
             wait_enriched(c, org.headers, i)
     _reset(nlive, org)
     ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
-    enricher = nlive.memex.for_org(ctx).enrichment
+    enricher = asyncio.run_coroutine_threadsafe(nlive.memex.for_org(ctx), _server_loop(nlive)).result(timeout=30).enrichment
     out = io.StringIO()
     fut = asyncio.run_coroutine_threadsafe(backfill_enrich_org(enricher, batch_size=2, label=org.slug, stream=out),
                                            _server_loop(nlive))

@@ -11,19 +11,16 @@ import time
 import pytest
 
 from services.adapters.hash_embedder import HashEmbedder
-from services.adapters.local_vectors import LocalVectorIndex
-from services.adapters.sqlite import SqliteDatabase
-from services.migrate import apply_pending
 from services.models import SearchHit
 from services.errors import NotFound
 from services.ranking import (
     DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, frequency,
     importance, is_rollup, penalty, recency, use_weight, uses_now,
 )
-from services.scoped import OrgSql, OrgVectors
 from services.search import Search, SearchOptions, hydrate_thoughts
 from services.thoughts import Thoughts
 from services.worker import JobWorker
+from tests.stores import make_stores
 
 PARTS = ("relevance", "recency", "frequency", "importance", "penalty")
 
@@ -99,10 +96,11 @@ def test_penalties_for_short_and_rolled_up_entries():
 # -- through the search -----------------------------------------------------------------------------
 
 class Env:
-    def __init__(self, db, index, emb, ranking):
-        self.db, self.index, self.emb, self.ranking = db, index, emb, ranking
-        self.sql = OrgSql(db, "org_a")
-        self.vectors = OrgVectors(index, "org_a")
+    def __init__(self, stores, store, emb, ranking):
+        self.stores, self.emb, self.ranking = stores, emb, ranking
+        self.db, self.index = store.db, store.index  # org_a's own database and vector index
+        self.sql = store.sql
+        self.vectors = store.vectors
         self.thoughts = Thoughts(self.sql, self.vectors, emb, on_use=lambda ids, fetched=False: ranking.used("org_a", ids, fetched=fetched))
         self.search = Search(self.sql, self.vectors, emb, {"thought": hydrate_thoughts}, ranking=ranking)
 
@@ -120,12 +118,13 @@ async def _noop(*_):
 
 @pytest.fixture
 async def env(tmp_path):
-    db = SqliteDatabase(tmp_path / "m.sqlite3")
-    await apply_pending(db)
-    await db.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_a', 'a', 'A', 'active', 1)")
     emb = HashEmbedder()
-    index = LocalVectorIndex(tmp_path / "v.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
-    e = Env(db, index, emb, Ranking(uses=UseRecorder(db, delay=3600), rerank_cache=RerankCache()))
+    control, stores = await make_stores(tmp_path, emb, orgs=("org_a",))
+
+    async def sql_for(org_id):  # what api/wiring.py passes (Memex.org_sql)
+        return (await stores.open(org_id)).sql
+
+    e = Env(stores, await stores.open("org_a"), emb, Ranking(uses=UseRecorder(sql_for, delay=3600), rerank_cache=RerankCache()))
     e.ids = {}
     for name, text in {
         "harbour": "The harbour ferry timetable changes in winter: boats leave every forty minutes from pier two.",
@@ -133,10 +132,10 @@ async def env(tmp_path):
         "bakery": "The bakery on the corner sells rye bread on Saturdays only.",
     }.items():
         e.ids[name] = (await e.thoughts.capture(text)).id
-    await JobWorker(db, index, emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(stores, emb, handlers={"enrich": _noop}).drain()
     yield e
-    await index.close()
-    await db.close()
+    await stores.close()
+    await control.close()
 
 
 def _by_doc(hits):
@@ -202,7 +201,7 @@ async def test_multipliers_never_lift_a_weak_match_over_a_clearly_better_one(env
 async def test_recency_reorders_near_ties(env):
     a = (await env.thoughts.capture("The harbour ferry leaves pier two at nine.")).id
     b = (await env.thoughts.capture("The harbour ferry leaves pier two at nine!")).id
-    await JobWorker(env.db, env.index, env.emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(env.stores, env.emb, handlers={"enrich": _noop}).drain()
     await env.set(a, updated_at=int(time.time() * 1000) - 365 * DAY_MS)
     order = [h.document_id for h in await env.run("harbour ferry leaves pier two at nine")]
     assert order.index(b) < order.index(a)
@@ -216,7 +215,7 @@ async def test_short_and_rolled_up_entries_are_penalised(env):
     short = (await env.thoughts.capture("harbour ferry")).id
     rollup = (await env.thoughts.capture("Weekly digest: harbour ferry timetable, ferry tickets, bakery rye bread.",
                                          metadata={"rollup": True})).id
-    await JobWorker(env.db, env.index, env.emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(env.stores, env.emb, handlers={"enrich": _noop}).drain()
     hits = _by_doc(await env.run("harbour ferry"))
     assert hits[short].explain["penalty"] == pytest.approx(0.85) and hits[short].explain["penalties"] == ["short"]
     assert hits[rollup].explain["penalty"] == pytest.approx(0.8) and hits[rollup].explain["penalties"] == ["rollup"]

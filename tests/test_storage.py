@@ -1,5 +1,6 @@
-"""The SQL port on SQLite (D1's semantics), migrations as wrangler records them, the org-bound handles,
-and the job worker's durability: jobs survive restarts, a lost vector index is rebuilt from SQL."""
+"""The SQL port on SQLite (D1's semantics), migrations as wrangler records them (the control, organization
+and legacy streams), the org-bound handles on each organization's own database, and the job worker's
+durability: jobs survive restarts, a lost vector index is rebuilt from SQL."""
 
 from __future__ import annotations
 
@@ -12,33 +13,51 @@ from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
 from services.errors import InvalidInput
-from services.migrate import apply_pending, discover
+from services.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
 from services.ports import Statement
-from services.scoped import OrgSql, OrgVectors
+from services.scoped import OrgVectors
 from services.thoughts import Thoughts
 from services.worker import JobWorker, reconcile_org
+from tests.stores import make_stores
 
 
 @pytest.fixture
-async def db(tmp_path):
-    d = SqliteDatabase(tmp_path / "m.sqlite3")
-    await apply_pending(d)
-    await d.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_a', 'a', 'A', 'active', 1)")
-    await d.execute("INSERT INTO organizations (id, slug, name, status, created_at) VALUES ('org_b', 'b', 'B', 'active', 1)")
-    yield d
-    await d.close()
+async def env(tmp_path):
+    """The control database and two organizations, each with its own database and vector file."""
+    emb = HashEmbedder()
+    control, stores = await make_stores(tmp_path, emb)
+    yield control, stores, emb
+    await stores.close()
+    await control.close()
 
 
-async def test_migrations_are_recorded_like_wrangler_and_run_once(tmp_path):
+@pytest.mark.parametrize("directory", [CONTROL_DIR, ORG_DIR, LEGACY_DIR], ids=["control", "org", "legacy"])
+async def test_migrations_are_recorded_like_wrangler_and_run_once(tmp_path, directory):
     d = SqliteDatabase(tmp_path / "w.sqlite3")
-    applied = await apply_pending(d)
-    assert applied == [m.name for m in discover()]
-    assert await apply_pending(d) == []
+    applied = await apply_pending(d, directory)
+    assert applied == [m.name for m in discover(directory)] and applied
+    assert await apply_pending(d, directory) == []
     cols = {r["name"]: r for r in (await d.execute("PRAGMA table_info(d1_migrations)")).rows}
     assert set(cols) == {"id", "name", "applied_at"}
     names = [r["name"] for r in (await d.execute("SELECT name FROM d1_migrations ORDER BY id")).rows]
     assert names == applied
     await d.close()
+
+
+async def test_the_default_stream_is_the_organizations_and_streams_do_not_mix(tmp_path):
+    org = SqliteDatabase(tmp_path / "org.sqlite3")
+    assert await apply_pending(org) == [m.name for m in discover(ORG_DIR)] == [m.name for m in discover()]
+    control = SqliteDatabase(tmp_path / "control.sqlite3")
+    await apply_pending(control, CONTROL_DIR)
+    tables = {}
+    for name, d in (("org", org), ("control", control)):
+        tables[name] = {r["name"] for r in (await d.execute("SELECT name FROM sqlite_master WHERE type='table'")).rows}
+    assert {"organizations", "api_keys", "llm_usage", "org_databases"} <= tables["control"]
+    assert {"documents", "chunks", "jobs"} <= tables["org"]
+    assert not {"organizations", "api_keys", "llm_usage", "org_databases"} & tables["org"]
+    assert not {"documents", "chunks", "jobs"} & tables["control"]
+    await org.close()
+    await control.close()
 
 
 async def test_a_failing_migration_rolls_back_whole(tmp_path):
@@ -55,7 +74,8 @@ async def test_a_failing_migration_rolls_back_whole(tmp_path):
     await d.close()
 
 
-async def test_batch_is_atomic(db):
+async def test_batch_is_atomic(env):
+    db = env[0]  # the control database
     with pytest.raises(sqlite3.IntegrityError):
         await db.batch([
             Statement("INSERT INTO organizations (id, slug, name, created_at) VALUES ('org_c', 'c', 'C', 1)"),
@@ -66,14 +86,23 @@ async def test_batch_is_atomic(db):
         await db.execute("BEGIN")
 
 
-async def test_org_handle_refuses_statements_without_the_tenant_filter(db):
-    sql = OrgSql(db, "org_a")
-    with pytest.raises(AssertionError):
-        await sql.rows("SELECT * FROM documents")
+async def test_org_handle_reaches_only_its_own_database(env):
+    # The per-organization database is the wall now: a statement without the tenant filter is no longer
+    # refused, it simply cannot see another organization's rows. ?1 is still bound to the organization's id;
+    # bare ? parameters and batch statements not bound to the organization are still refused.
+    _, stores, emb = env
+    a, b = await stores.open("org_a"), await stores.open("org_b")
+    theirs = await Thoughts(b.sql, b.vectors, emb).capture("org b's private note about harbours")
+    ours = await Thoughts(a.sql, a.vectors, emb).capture("org a's note about lighthouses")
+    sql = a.sql
+    assert await sql.rows("SELECT id, ?1 AS bound FROM documents") == [{"id": ours.id, "bound": "org_a"}]
+    assert await sql.rows("SELECT id, ?1 FROM documents WHERE id = ?2", [theirs.id]) == []
     with pytest.raises(AssertionError):
         await sql.rows("SELECT * FROM documents WHERE organization_id = ?1 AND id = ?", ["x"])
     with pytest.raises(AssertionError):
         await sql.batch([Statement("DELETE FROM documents WHERE organization_id = ?1", ("org_b",))])
+    await sql.execute("DELETE FROM documents WHERE ?1 IS NOT NULL")  # unfiltered: stays in org_a's database
+    assert [r["id"] for r in await b.sql.rows("SELECT id FROM documents WHERE organization_id = ?1")] == [theirs.id]
     assert await sql.rows("SELECT * FROM documents WHERE organization_id = ?1") == []
 
 
@@ -89,25 +118,26 @@ async def test_org_vectors_cannot_reach_another_orgs_vectors(tmp_path):
     assert [x.id for x in await a.get_by_ids(["c1"])] == ["c1"]
 
 
-async def _thoughts(db, index, emb, org="org_a"):
-    return Thoughts(OrgSql(db, org), OrgVectors(index, org), emb)
+async def _thoughts(stores, emb, org="org_a"):
+    store = await stores.open(org)
+    return Thoughts(store.sql, store.vectors, emb)
 
 
-async def test_jobs_survive_a_restart_and_finish(tmp_path, db):
-    emb = HashEmbedder()
-    index = LocalVectorIndex(tmp_path / "v.sqlite3", dimensions=emb.dimensions, model=emb.model_id)
-    t = await _thoughts(db, index, emb)
+async def test_jobs_survive_a_restart_and_finish(env):
+    _, stores, emb = env
+    t = await _thoughts(stores, emb)
     res = await t.capture("durable note about lighthouses")
     assert res.indexing.state == "pending"
-    # the service "crashes" before the worker ran: a new worker (new process) picks the job up
-    worker = JobWorker(db, index, emb)
+    # the service "crashes" before the worker ran: a new worker (new process) finds the job in the
+    # organization's database and runs it
+    worker = JobWorker(stores, emb)
     await worker.drain()
     assert (await t.get(res.id)).indexing.state == "indexed"
-    assert (await db.execute("SELECT COUNT(*) AS n FROM jobs")).rows[0]["n"] == 0
-    await index.close()
+    for org in ("org_a", "org_b"):
+        assert (await (await stores.open(org)).db.execute("SELECT COUNT(*) AS n FROM jobs")).rows[0]["n"] == 0
 
 
-async def test_a_failing_embedder_is_retried_with_backoff(tmp_path, db):
+async def test_a_failing_embedder_is_retried_with_backoff(tmp_path):
     class Flaky(HashEmbedder):
         calls = 0
 
@@ -118,53 +148,59 @@ async def test_a_failing_embedder_is_retried_with_backoff(tmp_path, db):
             return await super().embed(texts)
 
     emb = Flaky()
-    index = LocalVectorIndex(None, dimensions=emb.dimensions, model=emb.model_id)
-    t = await _thoughts(db, index, emb)
+    control, stores = await make_stores(tmp_path, emb)
+    t = await _thoughts(stores, emb)
     res = await t.capture("note that needs two tries")
-    worker = JobWorker(db, index, emb)
+    db = (await stores.open("org_a")).db
+    worker = JobWorker(stores, emb)
+    await worker.scan()  # a new worker finds the queued job
     await worker.run_once()
     row = (await db.execute("SELECT state, attempts, last_error, run_after FROM jobs")).rows[0]
     assert row["state"] == "pending" and row["attempts"] == 1 and "crashed" in row["last_error"]
+    assert await worker.run_once() == 0  # not before the backoff ends
     await db.execute("UPDATE jobs SET run_after = 0")  # skip the backoff wait
+    worker.wake("org_a")
     await worker.run_once()
     assert (await t.get(res.id)).indexing.state == "indexed"
+    await stores.close()
+    await control.close()
 
 
-async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, db):
-    emb = HashEmbedder()
-    path = tmp_path / "v.sqlite3"
-    index = LocalVectorIndex(path, dimensions=emb.dimensions, model=emb.model_id)
-    t = await _thoughts(db, index, emb)
+async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
+    _, stores, emb = env
+    t = await _thoughts(stores, emb)
     res = await t.capture("the lighthouse keeper logs the weather at dawn")
-    await JobWorker(db, index, emb).drain()
-    await index.close()
+    await JobWorker(stores, emb).drain()
+    await stores.close()  # the service stops; the organization's vector file is lost
+    path = tmp_path / "orgs" / "org_a" / "vectors.sqlite3"
+    assert path.exists()
     path.unlink()
-    fresh = LocalVectorIndex(path, dimensions=emb.dimensions, model=emb.model_id)
-    sql, vec = OrgSql(db, "org_a"), OrgVectors(fresh, "org_a")
-    assert await reconcile_org(sql, vec, fresh) == (1, 0)
+    store = await stores.open("org_a")  # the service starts again: a fresh, empty vector file
+    t = Thoughts(store.sql, store.vectors, emb)
+    sql, vec = store.sql, store.vectors
+    assert await reconcile_org(sql, vec, store.index) == (1, 0)
     assert (await t.get(res.id)).indexing.state == "pending"
-    await JobWorker(db, fresh, emb).drain()
+    await JobWorker(stores, emb).drain()
     q = (await emb.embed(["lighthouse keeper weather"]))[0]
     assert [m.metadata["parent_id"] for m in await vec.query(q, top_k=1, return_metadata=True)] == [res.id]
     # a stray vector with no rows behind it is removed
     await vec.upsert([("ghost", q, {"kind": "thought", "parent_id": "gone"})])
-    assert await reconcile_org(sql, vec, fresh) == (0, 1)
+    assert await reconcile_org(sql, vec, store.index) == (0, 1)
     assert await vec.get_by_ids(["ghost"]) == []
-    await fresh.close()
 
 
-async def test_a_chunk_deleted_while_embedding_leaves_no_vector(tmp_path, db):
-    emb = HashEmbedder()
-    index = LocalVectorIndex(None, dimensions=emb.dimensions, model=emb.model_id)
-    t = await _thoughts(db, index, emb)
+async def test_a_chunk_deleted_while_embedding_leaves_no_vector(env):
+    _, stores, emb = env
+    t = await _thoughts(stores, emb)
+    store = await stores.open("org_a")
 
     class DeletingEmbedder(HashEmbedder):
         async def embed(self, texts):
             out = await super().embed(texts)
-            await db.execute("DELETE FROM documents WHERE organization_id = 'org_a'")
+            await store.db.execute("DELETE FROM documents WHERE organization_id = 'org_a'")
             return out
 
     res = await t.capture("short lived note")
-    await JobWorker(db, index, DeletingEmbedder()).drain()
-    assert await OrgVectors(index, "org_a").query((await emb.embed(["short lived note"]))[0], top_k=5) == []
-    assert res.id
+    await JobWorker(stores, DeletingEmbedder()).drain()
+    assert await store.vectors.query((await emb.embed(["short lived note"]))[0], top_k=5) == []
+    assert await store.index.ids_in_namespace("org_a") == set() and res.id  # no vector at all in its file
