@@ -58,11 +58,6 @@ def test_key_lifecycle_and_scopes(live, client):
     assert_error(client.get("/v1/thoughts", headers=reader), 401, "unauthenticated")
     revoked = {k["id"]: k for k in client.get("/v1/keys", headers=org.headers).json()["keys"]}[reader_id]
     assert revoked["revoked_at"]
-    # the organization has its own database: migrate reaches it, --status lists it
-    assert "organizations: 1 up to date" in memex("migrate")
-    status = memex("migrate", "--status")
-    assert "control: 1/1 applied" in status
-    assert f"{created['organization']['id']} (sqlite " in status and "up to date" in status
 
 
 def test_expired_and_malformed_keys_are_401(live, client):
@@ -131,3 +126,8 @@ def test_cli_does_the_same_work(tmp_path):
     assert all("key_hash" not in k and "key" not in k for k in listed)
     revoked = json.loads(memex("key", "revoke", "--org", "shell-co", made["id"]))
     assert revoked["revoked_at"]
+    # the organization has its own database: migrate reaches it, --status lists it
+    assert "organizations: 1 up to date" in memex("migrate")
+    status = memex("migrate", "--status")
+    assert "control: 1/1 applied" in status
+    assert f"{created['organization']['id']} (sqlite " in status and "up to date" in status
