@@ -1200,10 +1200,9 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
     from services.adapters.cloudflare.ops import reindex
     from services.migrate import apply_pending
 
-    await apply_pending(backend.db)
+    await apply_pending(backend.db)  # an organization's database (the org migration stream)
     await provision(backend)
     db = backend.db
-    await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, ?)", ["org_r", "reidx", "R", 1])
     await db.batch([
         Statement("INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
                   "VALUES (?, ?, 'thought', ?, ?, ?, 5)", ("org_r", f"k{i}", f"p{i // 2}", i % 2, f"chunk {i} about pears"))
@@ -1261,12 +1260,13 @@ async def test_emulator_memex_end_to_end_on_cloudflare(cf, tmp_path):
     try:
         await memex.start(worker=False)
         org, _ = await memex.orgs.create(name="Acme", slug=_uid("acme")[:30])
-        svc = memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="test", scopes=frozenset({"admin"})))
+        svc = await memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="test", scopes=frozenset({"admin"})))
+        index = (await memex.stores.open(org.id)).index
         cap = await svc.thoughts.capture("Remember: the staging database password rotates every Friday.")
         await memex.worker.drain(timeout=30)
         res = await svc.search.search(SearchOptions(query="when does the staging password rotate"))
         assert [h.document_id for h in res.results] == [cap.id]  # keyword search covers the vector lag
-        assert await memex.backend.index.wait_for(memex.backend.index.last_mutation, timeout=10)
+        assert await index.wait_for(index.last_mutation, timeout=10)
         res = await svc.search.search(SearchOptions(query="staging password rotation schedule", explain=True))
         assert res.results and res.results[0].document_id == cap.id
         assert res.results[0].explain["vector_rank"] == 1  # now found by its vector too
