@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from api.settings import Settings, SettingsError
 from services.errors import InvalidInput
+from services.ids import now_ms
 from services.migrate import CONTROL_DIR, apply_pending
 from services.ports import LLM, Embedder, Reranker, SqlDatabase
 from services.scoped import OrgSql, OrgVectors
@@ -217,6 +220,8 @@ class Memex:
         # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
         self.recent_vectors = RecentVectors()
         self.worker.handlers["embed"] = cached_embed_handler(self.recent_vectors)
+        self._hinted: dict[str, float] = {}
+        self._hint_tasks: set[asyncio.Task] = set()
         self.ranking = Ranking(config=ranking_config(settings), uses=UseRecorder(self.org_sql),
                                rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
@@ -247,10 +252,34 @@ class Memex:
             log.exception("reconcile failed")
 
     async def stop(self) -> None:
+        if self._hint_tasks:
+            await asyncio.gather(*self._hint_tasks, return_exceptions=True)
         await self.worker.stop()
         await self.keys.drain()
         await self.ranking.uses.close()  # uses still pending
         await self.backend.close()
+
+    def wake(self, org_id: str) -> None:
+        """Jobs were queued for ``org_id``: wake this process's worker, and where another process's worker may be
+        the one to run them (no worker here, e.g. the CLI; or D1, where instances share the databases) leave
+        a work hint in the control database, at most once a second per organization, off the request path."""
+        self.worker.wake(org_id)
+        if self.settings.run_worker and self.settings.sql == "sqlite":
+            return
+        now = time.monotonic()
+        if now - self._hinted.get(org_id, 0.0) < 1.0:
+            return
+        self._hinted[org_id] = now
+        task = asyncio.get_running_loop().create_task(self._hint(org_id))
+        self._hint_tasks.add(task)
+        task.add_done_callback(self._hint_tasks.discard)
+
+    async def _hint(self, org_id: str) -> None:
+        try:
+            await self.control.execute(
+                "UPDATE org_databases SET work_at = MAX(work_at, ?) WHERE organization_id = ?", (now_ms(), org_id))
+        except Exception:  # the worker's own wake and the start-up scan still find the jobs
+            log.warning("work hint for %s not written", org_id, exc_info=True)
 
     async def org_sql(self, org_id: str) -> OrgSql:
         """The organization's own database, bound to it."""
@@ -276,7 +305,7 @@ class Memex:
         store = await self.stores.open(ctx.org_id)
         sql, vectors = store.sql, store.vectors
         emb = self.backend.embedder
-        wake = lambda org_id=ctx.org_id: self.worker.wake(org_id)  # noqa: E731
+        wake = lambda org_id=ctx.org_id: self.wake(org_id)  # noqa: E731
         return OrgServices(
             ctx=ctx,
             thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=wake,

@@ -204,15 +204,20 @@ class JobWorker:
         #: Organization -> earliest epoch ms a job of it may be ready (0: now).
         self._due: dict[str, int] = {}
         self._scanned = False
-        #: Why the worker is paused (a full disk), or None; jobs claimed but put back until space returns.
-        self.paused: str | None = None
-        self._held: list[Job] = []
+        #: Organizations out of space (a full disk, a database at its size limit): why, and the jobs claimed
+        #: but put back (uncounted) once a write goes through again. The others' jobs go on meanwhile.
+        self._full: dict[str, tuple[str, list[Job]]] = {}
+        self._probe_at = 0.0
+        self._probe_wait = 0.5
+        #: The newest work hint seen in the control database (org_databases.work_at, epoch ms).
+        self._hints_seen = now_ms()
 
     def wake(self, org_id: str | None = None) -> None:
         if org_id is not None:
             self._due[org_id] = 0
             if self._async_index:
                 self._unconfirmed.add(org_id)
+        self._probe_at = 0.0  # a write just went through somewhere: try the paused organizations again
         self._wake.set()
 
     def start(self) -> None:
@@ -249,99 +254,108 @@ class JobWorker:
         return found
 
     async def _loop(self) -> None:
-        # Idle, the worker sleeps until a capture in this process wakes it or an organization's next retry is
-        # due. Mutation confirmation runs only while this process has written vectors that are not yet
-        # confirmed (and after the start-up scan, for a previous run's).
+        # Idle, the worker sleeps until a capture in this process wakes it, an organization's next retry is
+        # due, or it is time to look at the work hints other processes leave in the control database (a CLI
+        # import, another instance): every poll_seconds, doubling up to max_idle_seconds while nothing comes.
+        # Mutation confirmation runs only while this process has written vectors not yet confirmed.
         if not self._scanned:
             try:
                 await self.scan()
             except Exception:
                 log.exception("start-up job scan failed")
-        wait = self.poll_seconds
+        poll = self.poll_seconds
+        next_hints = time.monotonic() + poll
         while not self._stopping:
-            if self.paused is not None:
-                wait = await self._paused_wait(wait)
-                continue
+            did = 0
             try:
+                if self._full and time.monotonic() >= self._probe_at:
+                    await self._probe()
+                if time.monotonic() >= next_hints:
+                    found = await self.read_hints()
+                    poll = self.poll_seconds if found else min(self.max_idle_seconds, poll * 2)
+                    next_hints = time.monotonic() + poll
                 did = await self.run_once()
                 if self._unconfirmed and time.monotonic() - self._last_confirm >= 1.0:
                     self._last_confirm = time.monotonic()
                     await self.confirm_mutations()
-            except InsufficientStorage as exc:
-                self._pause(exc, [])
-                wait = 0.5
-                continue
             except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
                 log.exception("job batch failed")
-                did = 0
-            if did:
-                wait = self.poll_seconds
-            elif not self._stopping:
-                timeout = self.max_idle_seconds
-                if self._due:
-                    timeout = max(0.05, (min(self._due.values()) - now_ms()) / 1000)
-                timeout = min(timeout, 1.0) if self._unconfirmed else timeout
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(timeout, self.max_idle_seconds))
-                except asyncio.TimeoutError:
-                    pass
-                self._wake.clear()
+            if did or self._stopping:
+                continue
+            timeout = next_hints - time.monotonic()
+            ready = [due for org, due in self._due.items() if org not in self._full]
+            if ready:
+                timeout = min(timeout, (min(ready) - now_ms()) / 1000)
+            if self._full:
+                timeout = min(timeout, self._probe_at - time.monotonic())
+            if self._unconfirmed:
+                timeout = min(timeout, 1.0)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.02, timeout))
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
 
-    def _pause(self, exc: InsufficientStorage, jobs: list[Job]) -> None:
-        if self.paused is None:
-            log.warning("job worker paused: %s (%s)", exc.message, exc.details.get("reason"))
-        self.paused = exc.details.get("reason") or exc.message
-        self._held += jobs
+    async def read_hints(self) -> int:
+        """Organizations that another process queued work for since the last look (one control query)."""
+        rows = await self.stores.control.execute(
+            "SELECT organization_id, work_at FROM org_databases WHERE work_at > ?", (self._hints_seen,))
+        for r in rows.rows:
+            self._hints_seen = max(self._hints_seen, int(r["work_at"]))
+            self._due.setdefault(r["organization_id"], 0)
+        return len(rows.rows)
 
-    async def _paused_wait(self, wait: float) -> float:
-        """One probe while paused: wait (a wake cuts it short), then try to put the held jobs back (a write);
-        returns the next wait. Resuming checkpoints the write-ahead logs the full disk may have grown."""
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=wait)
-        except asyncio.TimeoutError:
-            pass
-        self._wake.clear()
-        if self._stopping:
-            return wait
+    @property
+    def paused(self) -> str | None:
+        """Why some organization's jobs wait for space (a full disk, a database at its size limit), or None."""
+        return next(iter(self._full.values()))[0] if self._full else None
+
+    def _pause(self, org_id: str, exc: InsufficientStorage, jobs: list[Job]) -> None:
+        if org_id not in self._full:
+            log.warning("jobs of %s paused: %s (%s)", org_id, exc.message, exc.details.get("reason"))
+            self._full[org_id] = (exc.details.get("reason") or exc.message, [])
+            self._probe_wait = 0.5
+            self._probe_at = min(self._probe_at, time.monotonic() + self._probe_wait)
+        self._full[org_id][1].extend(jobs)
+
+    async def _probe(self) -> None:
+        """Try each organization that ran out of space again; back off (up to PAUSE_MAX_SECONDS) while full."""
         try:
             await self.resume()
+            self._probe_wait = 0.5
         except InsufficientStorage:
-            return min(PAUSE_MAX_SECONDS, wait * 2)
+            self._probe_wait = min(PAUSE_MAX_SECONDS, self._probe_wait * 2)
         except Exception:
-            log.exception("resuming the job worker failed")
-            return min(PAUSE_MAX_SECONDS, wait * 2)
-        return self.poll_seconds
+            log.exception("resuming paused jobs failed")
+            self._probe_wait = min(PAUSE_MAX_SECONDS, self._probe_wait * 2)
+        self._probe_at = time.monotonic() + self._probe_wait
 
     async def resume(self) -> None:
-        """Put the held jobs back as they were before their claim (a full disk is not an attempt), checkpoint
-        the logs, and unpause. Raises ``InsufficientStorage`` while the disk is still full."""
-        by_org: dict[str, list[int]] = {}
-        for j in self._held:
-            by_org.setdefault(j.organization_id, []).append(j.id)
-        for org_id, ids in by_org.items():
-            await (await self.stores.open(org_id)).sql.execute(
-                "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
-                "AND state = 'pending' AND id IN (SELECT value FROM json_each(?2))",
-                [json.dumps(ids)],
-            )
+        """Put the held jobs of each paused organization back as they were before their claim (a full disk is
+        not an attempt; the write doubles as the probe), checkpoint the logs the full disk may have grown, and
+        unpause it. Raises ``InsufficientStorage`` while an organization's database is still full (the ones
+        that resumed before it stay resumed)."""
+        for org_id, (_, held) in list(self._full.items()):
+            store = await self.stores.open(org_id)
+            if held:
+                await store.sql.execute(
+                    "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
+                    "AND state = 'pending' AND id IN (SELECT value FROM json_each(?2))",
+                    [json.dumps([j.id for j in held])],
+                )
+            else:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
+                await store.sql.execute(
+                    "UPDATE jobs SET attempts = attempts WHERE organization_id = ?1 AND id = (SELECT MAX(id) FROM jobs)")
+            for handle in (self.stores.control, store.db, store.index):
+                checkpoint = getattr(handle, "checkpoint", None)
+                if checkpoint is not None and getattr(handle, "is_open", True):
+                    try:
+                        await checkpoint()
+                    except Exception:
+                        log.warning("checkpoint after a full disk failed", exc_info=True)
+            del self._full[org_id]
             self._due[org_id] = 0
-        if not by_org:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
-            await self.stores.control.execute(
-                "UPDATE organizations SET status = status WHERE id = (SELECT MAX(id) FROM organizations)")
-        self._held = []
-        handles: list[Any] = [self.stores.control]
-        for store in self.stores.open_stores():
-            handles += [store.db, store.index]
-        for handle in handles:
-            checkpoint = getattr(handle, "checkpoint", None)
-            if checkpoint is not None and getattr(handle, "is_open", True):
-                try:
-                    await checkpoint()
-                except Exception:
-                    log.warning("checkpoint after a full disk failed", exc_info=True)
-        if self.paused is not None:
-            log.warning("job worker resumed: writes go through again")
-        self.paused = None
+            log.warning("jobs of %s resumed: writes go through again", org_id)
 
     async def claim(self, org_id: str) -> list[Job]:
         now = now_ms()
@@ -365,17 +379,27 @@ class JobWorker:
             for _, org_id in ready:
                 if self._stopping:
                     break
+                if org_id in self._full:
+                    continue  # waits for space; the others go on
                 try:
                     jobs = await self.claim(org_id)
                 except NotFound:  # the organization was deleted
                     self._due.pop(org_id, None)
                     continue
+                except InsufficientStorage as exc:
+                    self._pause(org_id, exc, [])
+                    continue
+                paused = False
                 for i, job in enumerate(jobs):
                     try:
                         await self._run(job)
                     except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
-                        self._pause(exc, jobs[i:])
-                        return ran + i
+                        self._pause(org_id, exc, jobs[i:])
+                        ran += i
+                        paused = True
+                        break
+                if paused:
+                    continue
                 ran += len(jobs)
                 if self._async_index and jobs:
                     self._unconfirmed.add(org_id)

@@ -102,3 +102,75 @@ async def test_an_organization_database_is_migrated_when_made_and_unknown_ids_ar
         await stores.open("org_m")
     await stores.close()
     await control.close()
+
+
+async def _indexed(sql, tid: str, timeout: float = 10.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        row = await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1 AND parent_id = ?2 "
+                            "AND indexed_at IS NULL", [tid])
+        done = await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1 AND parent_id = ?2", [tid])
+        if done["n"] and not row["n"]:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_one_full_organization_does_not_stop_the_others_jobs(tmp_path):
+    from services.errors import InsufficientStorage
+    from services.thoughts import Thoughts
+    from services.worker import JobWorker
+
+    emb = HashEmbedder()
+    control, stores = await make_stores(tmp_path, emb)
+    full, ok = await stores.open("org_a"), await stores.open("org_b")
+    tid_a = (await Thoughts(full.sql, full.vectors, emb).capture("a note in a full database")).id
+    tid_b = (await Thoughts(ok.sql, ok.vectors, emb).capture("a note in a database with room")).id
+    real_execute = full.db.execute
+    space = {"left": False}
+
+    async def execute(sql, params=()):
+        if not space["left"] and sql.lstrip().startswith("UPDATE jobs"):
+            raise InsufficientStorage("insufficient storage", details={"reason": "database or disk is full"})
+        return await real_execute(sql, params)
+
+    full.db.execute = execute  # org_a's database refuses writes to its job table, as a full one would
+    worker = JobWorker(stores, emb, poll_seconds=0.05)
+    worker.start()
+    try:
+        assert await _indexed(ok.sql, tid_b)  # org_b's job ran although org_a's cannot
+        assert worker.paused and "full" in worker.paused
+        assert not await _indexed(full.sql, tid_a, timeout=0.3)
+        space["left"] = True
+        worker.wake()
+        assert await _indexed(full.sql, tid_a)  # space is back: org_a resumes, nothing failed
+        assert worker.paused is None and worker.failed == 0
+    finally:
+        await worker.stop()
+        await stores.close()
+        await control.close()
+
+
+async def test_jobs_queued_by_another_process_are_found_through_the_work_hints(tmp_path):
+    from api.settings import Settings
+    from api.wiring import Memex
+    from tenancy.models import AuthContext
+
+    settings = Settings(data_dir=tmp_path, embedder="hash", worker_poll_seconds=0.05)
+    server = Memex(settings)
+    await server.start(worker=True)
+    cli = Memex(settings.with_(run_worker=False))  # e.g. `memex org import` while the service runs
+    await cli.start(worker=False)
+    try:
+        org, _ = await server.orgs.create(name="Hint", slug="hint-co")
+        await asyncio.sleep(0.2)  # the server's worker has scanned and is idle
+        ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
+        tid = (await (await cli.for_org(ctx)).thoughts.capture("queued from another process")).id
+        await cli.stop()
+        cli = None
+        sql = (await server.stores.open(org.id)).sql
+        assert await _indexed(sql, tid)  # the server's worker ran the other process's job
+    finally:
+        if cli is not None:
+            await cli.stop()
+        await server.stop()
