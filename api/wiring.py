@@ -226,6 +226,13 @@ class Memex:
                                rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
+        from services.adapters.local_vectors import LocalVectorIndex
+        from services.adapters.sqlite import SqliteDatabase
+        from services.storage.convert import convert_on_start
+
+        # A single-database data directory (the previous release) becomes one database per organization first.
+        await convert_on_start(self.settings, self.control, self.backend.embedder, open_database=SqliteDatabase,
+                               open_index=LocalVectorIndex)
         applied = await apply_pending(self.control, CONTROL_DIR)
         if self.settings.sql != "sqlite" and self.settings.rate_limit_storage.startswith(("memory://", "async+memory://")):
             log.warning("rate limits count per process (MEMEX_RATE_LIMIT_STORAGE=memory://): with several instances "
