@@ -20,6 +20,7 @@ from api.docs import docs_handlers, swagger_assets
 from api.errors import exception_handlers
 from api.history import history_handlers  # also registers the history MCP tools
 from api.mcp import mcp_handlers
+from api.org_lifecycle import org_lifecycle_handlers
 from api.routes import route_handlers
 from api.limits import MAX_BODY_BYTES, guard
 from api.schema_fixes import constrain_optional_parameters
@@ -94,7 +95,8 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
             await m.stop()
 
     app = Litestar(
-        route_handlers=[*route_handlers, *history_handlers, *conversation_handlers, *enrichment_handlers, *mcp_handlers, *docs_handlers()],
+        route_handlers=[*route_handlers, *history_handlers, *conversation_handlers, *enrichment_handlers, *org_lifecycle_handlers,
+                       *mcp_handlers, *docs_handlers()],
         lifespan=[lifespan],
         middleware=[DefineMiddleware(AuthMiddleware, exclude=PUBLIC_PATHS)],
         exception_handlers=exception_handlers,

@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     data_dir(oc)
     oc.set_defaults(fn=cmd_org_create)
 
+    from api.org_lifecycle_cli import add_commands as add_org_lifecycle_commands
+
+    add_org_lifecycle_commands(org, data_dir)  # org export / import / delete
+
     cf = sub.add_parser("cloudflare", help="Cloudflare backend operations").add_subparsers(dest="cf_command", required=True)
     cc = cf.add_parser("check", help="verify token, D1 database, migrations, Vectorize index and metadata indexes")
     cc.add_argument("--fix", action="store_true", help="apply missing migrations and create missing metadata indexes")

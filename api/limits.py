@@ -7,6 +7,8 @@
 - a body longer than ``MAX_BODY_BYTES`` is 413: at once when Content-Length says so, else as soon as the
   streamed body passes the limit (the app then sees a disconnect and its own reply is dropped). This covers
   every route, the MCP endpoint included, whose SDK transport would read any body whole;
+  ``POST /v1/org/import`` alone may send up to ``MAX_IMPORT_BYTES`` (an organization's bundle, which that
+  route reads as it streams, line by line: ``LARGE_BODIES``);
 - an OPTIONS reply's ``Allow`` lists exactly the methods of the route (Litestar's automatic OPTIONS handler
   can name the methods of a sibling handler group only).
 """
@@ -19,12 +21,17 @@ from collections.abc import Callable
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["guard", "error_bytes", "MAX_BODY_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_DEPTH"]
+__all__ = ["guard", "error_bytes", "body_limit", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES",
+           "MAX_JSON_DEPTH"]
 
 log = logging.getLogger("memex.api")
 
 #: Largest request body (a capture is at most 1 MiB of text; a conversation append at most 100 x 64 KiB).
 MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Largest organization bundle (POST /v1/org/import reads it as it streams, never whole: api.org_lifecycle).
+MAX_IMPORT_BYTES = 1024 * 1024 * 1024
+#: Routes whose body may be larger than MAX_BODY_BYTES: (method, path) -> their limit.
+LARGE_BODIES = {("POST", "/v1/org/import"): MAX_IMPORT_BYTES}
 #: Longest path + query string.
 MAX_URL_BYTES = 8 * 1024
 #: Largest total of request header names and values.
@@ -55,6 +62,11 @@ class _TooLarge(Exception):
     pass
 
 
+def body_limit(scope: Scope) -> int:
+    """The largest body this request may send: MAX_BODY_BYTES, or a streamed route's own limit."""
+    return LARGE_BODIES.get((scope.get("method", ""), scope["path"]), MAX_BODY_BYTES)
+
+
 def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGIApp:
     """``route_methods(path_template)``: the methods a route answers (for OPTIONS' Allow)."""
 
@@ -71,9 +83,10 @@ def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGI
             await _reply(send, 431, f"the request headers are larger than {MAX_HEADER_BYTES} bytes",
                          {"limit": MAX_HEADER_BYTES})
             return
+        limit = body_limit(scope)
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            await _reply(send, 413, f"the body is larger than {MAX_BODY_BYTES} bytes", {"limit": MAX_BODY_BYTES})
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _reply(send, 413, f"the body is larger than {limit} bytes", {"limit": limit})
             return
 
         state = {"received": 0, "started": False, "refused": False}
@@ -84,12 +97,11 @@ def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGI
             message = await receive()
             if message["type"] == "http.request":
                 state["received"] += len(message.get("body", b""))
-                if state["received"] > MAX_BODY_BYTES:
+                if state["received"] > limit:
                     state["refused"] = True
                     if not state["started"]:
                         state["started"] = True
-                        await _reply(send, 413, f"the body is larger than {MAX_BODY_BYTES} bytes",
-                                     {"limit": MAX_BODY_BYTES})
+                        await _reply(send, 413, f"the body is larger than {limit} bytes", {"limit": limit})
                     return {"type": "http.disconnect"}
             return message
 

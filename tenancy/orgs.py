@@ -89,7 +89,10 @@ class OrgDirectory:
     async def delete(self, org_id: str) -> None:
         """Remove the organization: its database and vectors first, then its keys, bindings, usage and
         routing (the control rows go last, so a crash midway leaves an organization whose deletion can be
-        run again, never data without an owner)."""
+        run again, never data without an owner). Its keys stop working at once: evicted from this process's key
+        cache here, and from every other process's through the revocation log the key deletions write."""
+        key_ids = [r["id"] for r in (await self.db.execute(
+            "SELECT id FROM api_keys WHERE organization_id = ?", (org_id,))).rows]
         await self.stores.drop(org_id)
         await self.db.batch([
             Statement("DELETE FROM api_keys WHERE organization_id = ?", (org_id,)),
@@ -99,6 +102,8 @@ class OrgDirectory:
             Statement("DELETE FROM org_databases WHERE organization_id = ?", (org_id,)),
             Statement("DELETE FROM organizations WHERE id = ?", (org_id,)),
         ])
+        for key_id in key_ids:
+            self.keys.evict(key_id)
 
     async def by_slug(self, slug: str) -> Organization:
         rows = (await self.db.execute("SELECT * FROM organizations WHERE slug = ?", (slug,))).rows

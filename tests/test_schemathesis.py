@@ -8,6 +8,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.conftest import start_live
 
@@ -46,10 +47,23 @@ def api_schema(st_live):
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
+@schemathesis.serializer("application/x-ndjson")
+def _ndjson(ctx, value) -> bytes:
+    """POST /v1/org/import's body (a bundle, documented as a string): sent as its text."""
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else str(value).encode()
+
+
 @schema.parametrize()
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_conforms(case):
     if case.operation.path == "/v1/keys/{key_id}" and case.method.upper() == "DELETE":
         # never let the fuzzer revoke the key it is using
         case.path_parameters = {"key_id": "key_0000000000000000"}
+    if case.operation.path == "/v1/org" and case.method.upper() == "DELETE":
+        # never let the fuzzer delete its own organization; a confirm that is not the caller's slug is a 400 by
+        # design (the value it must repeat is not in the schema), so valid-looking data is refused here
+        if (case.query or {}).get("confirm") == ORG["slug"]:
+            case.query = {**case.query, "confirm": "not-" + ORG["slug"]}
+        case.call_and_validate(excluded_checks=[positive_data_acceptance])
+        return
     case.call_and_validate()
