@@ -3,7 +3,7 @@
 With every tenant in one database, BM25's document frequencies and average lengths were computed over all
 tenants: A's keyword score for "falcon" changed when B wrote notes about falcons, which told A whether a word
 occurred in B's notes. Each organization now has its own database (and vector file); this test has B write,
-delete, search and converse heavily with A's own words, and checks that A's search results and every figure
+delete, search, converse and export heavily with A's own words (and a third organization import B's bundle), and checks that A's search results and every figure
 of their explain output (keyword score, cosine, coverage, rank, each multiplier) are exactly what they were,
 that A's ids are unchanged, and that A's database file is byte-for-byte untouched (so nothing about A's
 searches, their timing included, can depend on B's data)."""
@@ -110,8 +110,16 @@ def test_nothing_b_does_moves_a_scores_explain_ids_or_files(live: Live):
         assert r.status_code in (200, 201), r.text
         for q in QUERIES:
             assert c.post("/v1/search", json={"query": q}, headers=b.headers).status_code == 200
+        # and an import: B's notes, exported and imported into a third organization
+        bundle = c.get("/v1/org/export", headers=b.headers)
+        assert bundle.status_code == 200, bundle.text
+        c3 = signup(live, "iso-c")
+        r = c.post("/v1/org/import", content=bundle.content,
+                   headers={**c3.headers, "content-type": "application/x-ndjson"})
+        assert r.status_code == 200, r.text
     live.wait_indexed(b.headers, made[-2])  # made[-1] was deleted
     _wait_idle(live, b.id)
+    _wait_idle(live, c3.id)
 
     after = {q: _search(live, a, q) for q in QUERIES}
     for q in QUERIES:  # same hits, same order, same keyword scores, cosines, coverage and factors
