@@ -74,12 +74,11 @@ async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
 async def health(state: State) -> Health:
     memex: Memex = state.memex
     s = memex.settings
-    free = getattr(memex.control, "free_bytes", None)
     paused = memex.worker.paused
     return Health(
         status="degraded" if paused else "ok", sql=s.sql, vectors=s.vectors, embedder=s.embedder,
         embedding_model=memex.backend.embedder.model_id, pending_jobs=await memex.worker.pending(),
-        cloudflare=memex.backend.cloudflare_stats(), free_bytes=free() if free else None, worker_paused=paused,
+        cloudflare=memex.backend.cloudflare_stats(), free_bytes=memex.control.free_bytes(), worker_paused=paused,
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
@@ -13,7 +14,7 @@ from api.settings import Settings, SettingsError
 from services.errors import InvalidInput
 from services.ids import now_ms
 from services.migrate import CONTROL_DIR, apply_pending
-from services.ports import LLM, Embedder, Reranker, SqlDatabase
+from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex, require
 from services.scoped import OrgSql, OrgVectors
 from services.storage.d1_stores import D1OrgStores
 from services.storage.stores import EmbeddedOrgStores, OrgStores
@@ -24,7 +25,7 @@ from services.llm_budget import BudgetedLLM, LLMBudget
 from services.decisions import Decisions
 from services.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
 from services.recent_vectors import RecentVectors, cached_embed_handler
-from services.search import Search, hydrate_thoughts
+from services.search import Hydrator, Search, hydrate_thoughts
 from services.thoughts import ThoughtLimits, Thoughts
 from services.worker import JobWorker, reconcile_org
 from tenancy.addresses import ClientAddresses
@@ -35,7 +36,7 @@ from tenancy.models import AuthContext
 from tenancy.orgs import OrgDirectory
 from tenancy.ratelimit import Limit, RateLimits
 
-__all__ = ["Backend", "Memex", "OrgServices", "build_backend"]
+__all__ = ["Backend", "Memex", "OrgServices", "build_backend", "checked"]
 
 log = logging.getLogger("memex")
 
@@ -65,9 +66,8 @@ class Backend:
 
     async def close(self) -> None:
         for model in (self.llm, self.reranker):
-            aclose = getattr(model, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            if model is not None:
+                await model.aclose()
         await self.stores.close()
         await self.control.close()
         if self.http is not None:
@@ -92,6 +92,14 @@ def _embedder(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
 
 _PAIRS = {("sqlite", "local"), ("d1", "vectorize")}
 
+T = TypeVar("T")
+
+
+def checked(adapter: T, port: type, setting: str) -> T:
+    """``adapter`` when it implements every member of ``port``; else ``SettingsError`` naming the adapter, the
+    setting that chose it and the missing members (services call port members directly, never probe)."""
+    return require(adapter, port, f"{type(adapter).__name__} ({setting})", error=SettingsError)
+
 
 def build_backend(settings: Settings) -> Backend:
     if (settings.sql, settings.vectors) not in _PAIRS:
@@ -107,20 +115,22 @@ def build_backend(settings: Settings) -> Backend:
         from services.adapters.cloudflare import shared_client
 
         http = shared_client(settings)
-    embedder = _embedder(settings, http)
+    embedder = checked(_embedder(settings, http), Embedder, f"MEMEX_EMBEDDER={settings.embedder}")
     stores: OrgStores
     if settings.sql == "sqlite":
         from services.adapters.sqlite import SqliteDatabase
 
         from services.adapters.local_vectors import LocalVectorIndex
 
-        control: SqlDatabase = SqliteDatabase(settings.control_path)
+        control: SqlDatabase = checked(SqliteDatabase(settings.control_path), SqlDatabase, "MEMEX_SQL=sqlite")
         dims, model = embedder.dimensions, embedder.model_id
         stores = EmbeddedOrgStores(
             control, settings.data_dir, dimensions=dims, max_open=settings.max_open_orgs,
             # two readers per organization (searches don't queue behind writes) keep the file handles bounded
-            open_database=lambda path: SqliteDatabase(path, readers=2),
-            open_index=lambda path: LocalVectorIndex(path, dimensions=dims, model=model, reset_on_mismatch=True),
+            open_database=lambda path: checked(SqliteDatabase(path, readers=2), SqlDatabase, "MEMEX_SQL=sqlite"),
+            open_index=lambda path: checked(
+                LocalVectorIndex(path, dimensions=dims, model=model, reset_on_mismatch=True), VectorIndex,
+                "MEMEX_VECTORS=local"),
         )
     else:
         from services.adapters.cloudflare import D1Database, VectorizeIndex, api_for, d1_admin, d1_database
@@ -128,18 +138,25 @@ def build_backend(settings: Settings) -> Backend:
         if not settings.cloudflare_vectorize_index:
             raise SettingsError("CLOUDFLARE_VECTORIZE_INDEX must be set for MEMEX_VECTORS=vectorize",
                                 details={"setting": "CLOUDFLARE_VECTORIZE_INDEX"})
-        control = d1_database(settings, http)
+        control = checked(d1_database(settings, http), SqlDatabase, "MEMEX_SQL=d1")
         api = api_for(settings, http)
         stores = D1OrgStores(
             control, admin=d1_admin(settings, http), index_name=settings.cloudflare_vectorize_index,
             account=settings.cloudflare_account_id,
-            open_database=lambda uuid: D1Database(api, uuid),
-            open_index=lambda name: VectorizeIndex(api, name, dimensions=embedder.dimensions, model=embedder.model_id),
+            open_database=lambda uuid: checked(D1Database(api, uuid), SqlDatabase, "MEMEX_SQL=d1"),
+            open_index=lambda name: checked(
+                VectorizeIndex(api, name, dimensions=embedder.dimensions, model=embedder.model_id), VectorIndex,
+                "MEMEX_VECTORS=vectorize"),
         )
     from services.adapters.llm import build_llm, build_reranker
 
-    return Backend(control=control, stores=stores, embedder=embedder, http=http,
-                   llm=build_llm(settings, http), reranker=build_reranker(settings, http),
+    llm = build_llm(settings, http)
+    if llm is not None:
+        llm = checked(llm, LLM, f"MEMEX_LLM={settings.llm}")
+    reranker = build_reranker(settings, http)
+    if reranker is not None:
+        reranker = checked(reranker, Reranker, f"MEMEX_RERANKER={settings.reranker}")
+    return Backend(control=control, stores=stores, embedder=embedder, http=http, llm=llm, reranker=reranker,
                    async_index=settings.vectors == "vectorize")
 
 
@@ -213,7 +230,7 @@ class Memex:
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes
         )
-        self.hydrators = {"thought": hydrate_thoughts}
+        self.hydrators: dict[str, Hydrator] = {"thought": hydrate_thoughts}
         self.conversation_locks = KeyedLocks()  # appends to one conversation queue here, per process
         self.conversation_limits = ConversationLimits(max_metadata_bytes=settings.max_metadata_bytes)
         self.hydrators["conversation"] = ConversationHydrator()

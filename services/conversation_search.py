@@ -194,7 +194,7 @@ class ConversationHydrator:
     #: Keep every candidate chunk (the search collapses other kinds to one hit per parent).
     collapse_per_parent = False
     #: Chunk kinds it ranks: windows and single turns (migration 0008).
-    chunk_kinds = ("conversation", "turn")
+    chunk_kinds: tuple[str, ...] = ("conversation", "turn")
     #: Fused candidates it wants (it ranks messages, not chunks: more candidates than hits).
     depth = DEPTH
 

@@ -90,13 +90,10 @@ class BudgetedLLM:
 
     def __init__(self, llm: LLM, sql: OrgSql, budget: LLMBudget, *, clock: Callable[[], float] = time.time) -> None:
         self.llm = llm
+        self.model_id = llm.model_id
         self.sql = sql
         self.budget = budget
         self.clock = clock
-
-    @property
-    def model_id(self) -> str:
-        return self.llm.model_id
 
     @staticmethod
     def prompt_tokens(messages: Sequence[ChatMessage]) -> int:
@@ -148,3 +145,6 @@ class BudgetedLLM:
         ) or {"calls": 0, "tokens": 0, "refused": 0}
         return {"day": day, **row, "calls_per_day": self.budget.calls_per_day,
                 "tokens_per_day": self.budget.tokens_per_day}
+
+    async def aclose(self) -> None:
+        """Nothing to release: the wrapped model belongs to the backend, which closes it."""

@@ -107,9 +107,14 @@ class OrgCachedEmbedder:
         self.model_id = embedder.model_id
         self.dimensions = embedder.dimensions
         self.max_tokens = embedder.max_tokens
+        self.relevance_floor = embedder.relevance_floor
 
     def count_tokens(self, text: str) -> int:
         return self.embedder.count_tokens(text)
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        """The wrapped embedder's query vector (``RecentVectors`` holds capture vectors, never queries)."""
+        return await self.embedder.embed_query(text)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.empty((len(texts), self.dimensions), dtype=np.float32)

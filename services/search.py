@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from services.errors import InvalidInput
 from services.ids import now_ms
@@ -38,7 +38,8 @@ from services.ranking import Ranking
 from services.scoped import OrgSql, OrgVectors
 from services.temporal import resolve_relative
 
-__all__ = ["SearchOptions", "Search", "fts_query", "query_terms", "fuse", "KEYWORD_COVERAGE_FLOOR", "KINDS", "Candidate", "Hydrator", "MAX_TOP_K", "explain_candidate"]
+__all__ = ["SearchOptions", "Search", "fts_query", "query_terms", "fuse", "KEYWORD_COVERAGE_FLOOR", "KINDS", "Candidate",
+           "Hydrator", "ThoughtHydrator", "hydrate_thoughts", "MAX_TOP_K", "explain_candidate"]
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +193,25 @@ def fuse(
     return out
 
 
-#: Turns the winning candidates of one kind into hits (thoughts here; conversations register their own).
-Hydrator = Callable[[OrgSql, list[Candidate], SearchOptions], Awaitable[list[SearchHit]]]
+@runtime_checkable
+class Hydrator(Protocol):
+    """Turns the winning candidates of one kind into hits (``ThoughtHydrator`` here; conversations register
+    ``services.conversation_search.ConversationHydrator``)."""
+
+    #: The chunk kinds it stands for (conversations: windows and single turns).
+    chunk_kinds: tuple[str, ...]
+    #: True: fusion collapses its candidates to the best chunk per parent; False: every chunk competes.
+    collapse_per_parent: bool
+    #: Fused candidates it wants whatever ``top_k`` (it ranks parts of them); 0: the search's own cut.
+    depth: int
+
+    async def check_parent(self, sql: OrgSql, parent_id: str) -> None:
+        """Refuse (raise ``NotFound``) a search scoped to a parent that is not the caller's; else nothing."""
+        ...
+
+    async def __call__(self, sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
+        """Hits for ``group`` (the kind's winning candidates, best first); deleted ones are skipped."""
+        ...
 
 
 class Search:
@@ -228,13 +246,11 @@ class Search:
                 raise InvalidInput(f"unknown kind {k!r}", details={"field": "kinds", "allowed": sorted(self.hydrators)})
         if opts.parent_id is not None:  # a hydrator may refuse a parent that is not the caller's (404)
             for k in kinds:
-                check = getattr(self.hydrators[k], "check_parent", None)
-                if check is not None:
-                    await check(self.sql, opts.parent_id)
+                await self.hydrators[k].check_parent(self.sql, opts.parent_id)
         # Tag filters are applied on hydration: the keyword side digs deeper when they narrow the set.
         kw_depth = KEYWORD_DEPTH * (4 if opts.tags else 1)
         # A hydrator may stand for several chunk kinds (conversations: windows and single turns).
-        kind_of = {ck: k for k in kinds for ck in getattr(self.hydrators[k], "chunk_kinds", (k,))}
+        kind_of = {ck: k for k in kinds for ck in self.hydrators[k].chunk_kinds}
         keyword, vector = await asyncio.gather(
             self._keyword(query, list(kind_of), opts.parent_id, kw_depth, (opts.time_from, opts.time_to)),
             self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH),
@@ -247,14 +263,14 @@ class Search:
         keyword = [(best_chunk.get(r[2], r[0]), *r[1:]) if r[1] == "thought" else r for r in keyword]
 
         def key(chunk_id: str, kind: str, parent_id: str) -> tuple[str, str]:
-            per_parent = getattr(self.hydrators[kind_of[kind]], "collapse_per_parent", True)
+            per_parent = self.hydrators[kind_of[kind]].collapse_per_parent
             return (kind, parent_id if per_parent else chunk_id)
 
         ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH)
         if not opts.tags:  # hydrate what the ranking stage and the reranker can use, not every candidate
             # (a hydrator that ranks parts of its candidates, conversation turns, asks for a deeper list)
             cut = max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)
-            deep = {k for k in kinds if getattr(self.hydrators[k], "depth", 0) > cut}
+            deep = {k for k in kinds if self.hydrators[k].depth > cut}
             ranked = [c for i, c in enumerate(ranked)
                       if i < cut or (kind_of[c.kind] in deep and i < self.hydrators[kind_of[c.kind]].depth)]
         if opts.min_score is None:
@@ -269,7 +285,7 @@ class Search:
                 hits.extend(await self.hydrators[kind](self.sql, group, opts))
         if self.ranking is not None:  # the reranker (when there is one, cached) and the multipliers
             hits = await self.ranking.apply(self.sql, query, hits, explain=opts.explain,
-                                            rerank=getattr(self, "_rerank", None))
+                                            rerank=self._rerank)
         else:
             if self._rerank is not None:
                 hits = await self._rerank(query, hits)
@@ -287,7 +303,7 @@ class Search:
         bound (an exhaustive vector list: it is not indexed yet) only its keywords count. Fusion normalises each side by
         its best score, so without a floor the best of nothing looks like a perfect match. An embedder without
         a calibrated floor (``relevance_floor`` None) keeps everything."""
-        floor = getattr(self.embedder, "relevance_floor", None)
+        floor = self.embedder.relevance_floor
         if floor is None:
             return ranked
         for c in ranked:
@@ -372,8 +388,7 @@ class Search:
         try:
             scores = await self.reranker.rerank(query, [h.chunk_content for h in head])
         except Exception:
-            log.warning("reranker %s failed; keeping the fused order", getattr(self.reranker, "model_id", "?"),
-                        exc_info=True)
+            log.warning("reranker %s failed; keeping the fused order", self.reranker.model_id, exc_info=True)
             return hits
         if len(scores) != len(head):
             log.warning("reranker returned %d scores for %d passages; keeping the fused order", len(scores), len(head))
@@ -448,8 +463,7 @@ class Search:
         return [(r["id"], r["kind"], r["parent_id"], -float(r["bm25"])) for r in rows]  # FTS5's bm25() is negated
 
     async def _vector(self, query: str, kinds: list[str], parent_id: str | None, width: int) -> list[VectorRow]:
-        embed_query = getattr(self.embedder, "embed_query", None)
-        vec = await embed_query(query) if embed_query else (await self.embedder.embed([query]))[0]
+        vec = await self.embedder.embed_query(query)
         flt: dict[str, Any] = {"kind": {"$in": kinds}}
         if parent_id is not None:
             flt["parent_id"] = {"$eq": parent_id}
@@ -462,7 +476,23 @@ class Search:
         return out
 
 
-async def hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
+class ThoughtHydrator:
+    """The ``thought`` hydrator (stateless; ``hydrate_thoughts`` is the one the service uses)."""
+
+    chunk_kinds: tuple[str, ...] = ("thought",)
+    #: A thought is one hit, whichever of its chunks matched.
+    collapse_per_parent = True
+    #: No deeper list than the search's own cut.
+    depth = 0
+
+    async def check_parent(self, sql: OrgSql, parent_id: str) -> None:
+        """Nothing: a search scoped to another organization's (or no) thought finds nothing of it."""
+
+    async def __call__(self, sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
+        return await _hydrate_thoughts(sql, group, opts)
+
+
+async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
     ids = json.dumps([c.parent_id for c in group])
     docs = {
         r["id"]: r
@@ -510,6 +540,10 @@ async def hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpti
             )
         )
     return hits
+
+
+#: The ``thought`` hydrator the service registers.
+hydrate_thoughts = ThoughtHydrator()
 
 
 def explain_candidate(c: Candidate) -> dict[str, Any]:

@@ -67,7 +67,7 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
         values = await embedder.embed([r["content"] for r in rows])
         mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
         # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
-        pending = mutation if hasattr(vectors.index, "searchable") else None
+        pending = mutation if vectors.index.applies_writes_later else None
         ids = [r["id"] for r in rows]
         res = await sql.execute(
             "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
@@ -134,11 +134,11 @@ def chunk_metadata(row: dict) -> dict:
 
 async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) -> tuple[int, int]:
     """Make the vector index agree with the SQL store for one organization (for indexes that can list a
-    namespace). Returns (chunks re-queued, stray vectors deleted)."""
-    list_ids = getattr(index, "ids_in_namespace", None)
-    if list_ids is None:
+    namespace; nothing for the others). Returns (chunks re-queued, stray vectors deleted)."""
+    listed = await index.ids_in_namespace(sql.org_id)
+    if listed is None:
         return (0, 0)
-    in_index = {i.split(":", 1)[1] for i in await list_ids(sql.org_id) if i.startswith(sql.org_id + ":")}
+    in_index = {i.split(":", 1)[1] for i in listed if i.startswith(sql.org_id + ":")}
     rows = await sql.rows("SELECT id, parent_id, indexed_at FROM chunks WHERE organization_id = ?1")
     known = {r["id"] for r in rows}
     missing = [r for r in rows if r["indexed_at"] is not None and r["id"] not in in_index]
@@ -346,13 +346,11 @@ class JobWorker:
             else:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
                 await store.sql.execute(
                     "UPDATE jobs SET attempts = attempts WHERE organization_id = ?1 AND id = (SELECT MAX(id) FROM jobs)")
-            for handle in (self.stores.control, store.db, store.index):
-                checkpoint = getattr(handle, "checkpoint", None)
-                if checkpoint is not None and getattr(handle, "is_open", True):
-                    try:
-                        await checkpoint()
-                    except Exception:
-                        log.warning("checkpoint after a full disk failed", exc_info=True)
+            for handle in (self.stores.control, store.db, store.index):  # remote backends: no-ops
+                try:
+                    await handle.checkpoint()
+                except Exception:
+                    log.warning("checkpoint after a full disk failed", exc_info=True)
             del self._full[org_id]
             self._due[org_id] = 0
             log.warning("jobs of %s resumed: writes go through again", org_id)
@@ -453,8 +451,8 @@ class JobWorker:
             except NotFound:
                 self._unconfirmed.discard(org_id)
                 continue
-            searchable = getattr(store.index, "searchable", None)
-            if searchable is None:
+            index = store.index
+            if not index.applies_writes_later:  # every write was searchable on return
                 self._unconfirmed.discard(org_id)
                 continue
             sql = store.sql
@@ -465,7 +463,7 @@ class JobWorker:
             if not rows:
                 self._unconfirmed.discard(org_id)
             for i in range(len(rows) - 1, -1, -1):
-                if await searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
+                if await index.searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
                     done = [r["m"] for r in rows[: i + 1]]
                     res = await sql.execute(
                         "UPDATE chunks SET vector_mutation = NULL WHERE organization_id = ?1 "

@@ -73,3 +73,6 @@ class ScriptedLLM:
     @property
     def prompt(self) -> str:
         return self.calls[-1]["messages"][-1].content
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

@@ -1215,6 +1215,7 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
         def __init__(self, inner, pages):
             self.inner, self.pages = inner, pages
             self.model_id, self.dimensions, self.max_tokens = inner.model_id, inner.dimensions, inner.max_tokens
+            self.relevance_floor = inner.relevance_floor
 
         def count_tokens(self, text):
             return self.inner.count_tokens(text)
@@ -1224,6 +1225,9 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
                 raise BackendError("boom")
             self.pages -= 1
             return await self.inner.embed(texts)
+
+        async def embed_query(self, text):
+            return (await self.embed([text]))[0]
 
     with pytest.raises(BackendError):
         await reindex(db, backend.index, Failing(backend.emb, 2), "org_r", state_dir=tmp_path, page_size=3, progress=False)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from api.conversations_cli import backfill_org
+from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.sqlite import SqliteDatabase
 from services.compression import decode_content, encode_content
 from services.conversations import ConversationLimits, Conversations, KeyedLocks, chunk_windows, window_starts
@@ -267,9 +268,7 @@ async def test_two_instances_appending_to_one_conversation_never_collide(hlive, 
         async def delete_by_ids(self, ids):
             return None
 
-    class Counter:
-        max_tokens = 256
-
+    class Counter(HashEmbedder):
         def count_tokens(self, text):
             return len(text.split())
 

@@ -74,6 +74,9 @@ class ScriptedLLM:
         with self.lock:
             return ["\n".join(c) for c in self.calls if marker in "\n".join(c)]
 
+    async def aclose(self) -> None:
+        pass
+
 
 def wait_enriched(client: httpx.Client, headers: dict, thought_id: str, timeout: float = 20.0) -> dict:
     deadline = time.monotonic() + timeout
@@ -179,6 +182,9 @@ class CountingLLM:
         self.calls += 1
         await asyncio.sleep(0.001)
         return LLMResult({"ok": True}, self.pt, self.ct)
+
+    async def aclose(self) -> None:
+        pass
 
 
 @pytest.fixture

@@ -78,6 +78,9 @@ class FakeReranker:
             raise BackendError("down")
         return [(float(p.split()[1]) + 1) / 100 for p in passages]  # prefers higher numbers
 
+    async def aclose(self) -> None:
+        pass
+
 
 async def test_the_reranker_reorders_the_head_and_the_tail_stays_below_in_fused_order(monkeypatch):
     monkeypatch.setattr("services.search.RERANK_DEPTH", 3)

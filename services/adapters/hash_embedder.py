@@ -34,7 +34,7 @@ class HashEmbedder:
 
     model_id: str = "memex/hash-embedder-v1"
     #: Texts sharing no word score ~0; sharing a few of a short query's words scores 0.2-0.5.
-    relevance_floor: float = 0.2
+    relevance_floor: float | None = 0.2
 
     def __init__(self, dimensions: int = 384, max_tokens: int = 256) -> None:
         if dimensions < 1:
@@ -75,4 +75,5 @@ class HashEmbedder:
         return self.embed_sync(list(texts))
 
     async def embed_query(self, text: str) -> np.ndarray:
+        """One text -> shape (dimensions,). No query-specific mode: the query is embedded as a document."""
         return self.embed_one(text)

@@ -89,6 +89,9 @@ class WorkersAILLM:
         return LLMResult(data=data, prompt_tokens=_int(usage.get("prompt_tokens")),
                          completion_tokens=_int(usage.get("completion_tokens")))
 
+    async def aclose(self) -> None:
+        """Nothing to release: the Workers AI client shares the backend's HTTP client."""
+
 
 class OpenAICompatibleLLM:
     """The ``LLM`` port over an OpenAI-compatible chat-completions endpoint."""
@@ -187,6 +190,7 @@ class OpenAICompatibleLLM:
                          completion_tokens=_int(usage.get("completion_tokens")))
 
     async def aclose(self) -> None:
+        """Close the HTTP client when the adapter made its own (not one it was given)."""
         if self._own_http:
             await self.http.aclose()
 
@@ -207,6 +211,9 @@ class WorkersAIRerankerPort:
             if 0 <= i < len(scores):
                 scores[i] = float(s)
         return scores
+
+    async def aclose(self) -> None:
+        """Nothing to release: the Workers AI client shares the backend's HTTP client."""
 
 
 def build_llm(settings: Any, http: httpx.AsyncClient | None) -> LLM | None:

@@ -464,9 +464,13 @@ class LocalVectorIndex:
     wiped it: either way the caller should rebuild the vectors from the SQL store. Without ``reset_on_mismatch`` a
     mismatch raises ``EmbeddingModelMismatch`` and leaves the file untouched.
 
-    Beyond the port: ``ids_in_namespace`` (reconciliation), ``delete_namespace`` (organization removal),
-    ``preload`` (warm a namespace before its first query).
+    Writes apply synchronously (``applies_writes_later`` False, ``searchable`` always True); the index lists
+    a namespace (``ids_in_namespace``, reconciliation). Beyond the port: ``delete_namespace`` (organization
+    removal), ``preload`` (warm a namespace before its first query).
     """
+
+    #: Every write is durable and visible when the call returns.
+    applies_writes_later = False
 
     def __init__(
         self,
@@ -791,6 +795,10 @@ class LocalVectorIndex:
     async def info(self) -> VectorIndexInfo:
         return await asyncio.to_thread(self._info_sync)
 
+    async def searchable(self, mutation_id: str | None, *, issued_at: float | None = None) -> bool:
+        """Always True: writes are durable and visible when ``upsert``/``delete_by_ids`` return."""
+        return True
+
     async def ids_in_namespace(self, namespace: str) -> set[str]:
         """Every vector id stored in ``namespace`` (for reconciling the SQL store against the index)."""
         return await asyncio.to_thread(self._ids_sync, namespace)
@@ -807,16 +815,16 @@ class LocalVectorIndex:
         """Delete every vector of ``namespace`` (an organization being removed); returns a mutation id."""
         return await _writing(self._delete_namespace_sync, namespace)
 
-    def _checkpoint_sync(self) -> tuple[int, int, int]:
+    def _checkpoint_sync(self) -> None:
         with self._write_lock:
             self._check_open()
-            return tuple(self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
 
-    async def checkpoint(self) -> tuple[int, int, int]:
-        """Fold the WAL into the file and truncate it: (busy, wal pages, pages checkpointed)."""
+    async def checkpoint(self) -> None:
+        """Fold the WAL into the file and truncate it (nothing to do in memory)."""
         if self.path is None:
-            return (0, 0, 0)
-        return await _writing(self._checkpoint_sync)
+            return
+        await _writing(self._checkpoint_sync)
 
     def free_bytes(self) -> int | None:
         """Free space on the file system holding the index (None in memory)."""

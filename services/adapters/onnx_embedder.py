@@ -107,7 +107,7 @@ class OnnxMiniLMEmbedder:
 
     model_id: str = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"
     #: Cosine below which a match is weak evidence (services.search's relevance floor); see bench/README.md.
-    relevance_floor: float = 0.35
+    relevance_floor: float | None = 0.35
     dimensions: int = 384
     max_tokens: int = 256
 
@@ -314,7 +314,8 @@ class OnnxMiniLMEmbedder:
         return await anyio.to_thread.run_sync(self.embed_sync, texts)
 
     async def embed_query(self, text: str) -> np.ndarray:
-        """One text -> shape (384,), through an LRU cache keyed on the text (for search queries)."""
+        """One text -> shape (384,), through an LRU cache keyed on the text (for search queries). MiniLM has no
+        query-specific mode: the query is embedded as a document."""
         if self.query_cache_size:
             with self._cache_lock:
                 hit = self._query_cache.get(text)

@@ -170,13 +170,13 @@ class SqliteDatabase:
     async def executescript(self, sql: str) -> None:
         await _off_loop(self._run_script, sql)
 
-    def _checkpoint(self) -> tuple[int, int, int]:
+    def _checkpoint(self) -> None:
         with self._write_lock:
-            return tuple(self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+            self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
 
-    async def checkpoint(self) -> tuple[int, int, int]:
-        """Fold the WAL into the database and truncate it: (busy, wal pages, pages checkpointed)."""
-        return await _off_loop(self._checkpoint)
+    async def checkpoint(self) -> None:
+        """Fold the WAL into the database and truncate it."""
+        await _off_loop(self._checkpoint)
 
     def free_bytes(self) -> int | None:
         """Free space on the file system holding the database (None when unknown)."""

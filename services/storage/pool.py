@@ -98,6 +98,17 @@ class _Pooled(Generic[T]):
     def is_open(self) -> bool:
         return self._inner is not None
 
+    async def _checkpoint(self) -> None:
+        """Checkpoint the adapter if it is open. A closed handle is not opened for it: SQLite folds the
+        write-ahead log when the last connection to a database closes."""
+        if self._inner is not None:
+            await self._call("checkpoint")
+
+    def _free_bytes(self) -> int | None:
+        """The open adapter's free space; None while the handle is closed."""
+        inner = self._inner
+        return inner.free_bytes() if inner is not None else None
+
     async def suspend(self) -> None:
         """Close the underlying adapter (the next call opens it again)."""
         inner, self._inner = self._inner, None
@@ -125,20 +136,24 @@ class PooledDatabase(_Pooled[SqlDatabase]):
     async def executescript(self, sql: str) -> None:
         await self._call("executescript", sql)
 
-    async def checkpoint(self) -> Any:
-        return await self._call("checkpoint")
+    async def checkpoint(self) -> None:
+        await self._checkpoint()
 
     def free_bytes(self) -> int | None:
-        inner = self._inner
-        return inner.free_bytes() if inner is not None and hasattr(inner, "free_bytes") else None
+        return self._free_bytes()
 
 
 class PooledIndex(_Pooled[VectorIndex]):
-    """A ``VectorIndex`` that opens on first use (see the module docstring)."""
+    """A ``VectorIndex`` that opens on first use (see the module docstring).
 
-    def __init__(self, pool: HandlePool, opener: Callable[[], VectorIndex], dimensions: int) -> None:
+    ``applies_writes_later`` is the wrapped adapter's, given at construction (it must be known before the
+    first open): False by default, the embedded vector files applying every write at once."""
+
+    def __init__(self, pool: HandlePool, opener: Callable[[], VectorIndex], dimensions: int, *,
+                 applies_writes_later: bool = False) -> None:
         super().__init__(pool, opener)
         self.dimensions = dimensions
+        self.applies_writes_later = applies_writes_later
 
     async def upsert(self, vectors: Sequence[Vector]) -> str | None:
         return await self._call("upsert", vectors)
@@ -158,11 +173,17 @@ class PooledIndex(_Pooled[VectorIndex]):
     async def info(self) -> VectorIndexInfo:
         return await self._call("info")
 
-    async def ids_in_namespace(self, namespace: str) -> set[str]:
+    async def searchable(self, mutation_id: str | None, *, issued_at: float | None = None) -> bool:
+        return await self._call("searchable", mutation_id, issued_at=issued_at)
+
+    async def ids_in_namespace(self, namespace: str) -> set[str] | None:
         return await self._call("ids_in_namespace", namespace)
 
-    async def checkpoint(self) -> Any:
-        return await self._call("checkpoint")
+    async def checkpoint(self) -> None:
+        await self._checkpoint()
+
+    def free_bytes(self) -> int | None:
+        return self._free_bytes()
 
 
 Opener = Callable[[], Awaitable[Any]]

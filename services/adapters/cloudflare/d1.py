@@ -416,5 +416,12 @@ class D1Database:
         idem = is_idempotent(sql) if idempotent is None else idempotent
         await self._send({"sql": sql}, idempotent=idem)
 
+    async def checkpoint(self) -> None:
+        """Nothing to do: D1 manages its own storage (there is no local write-ahead log)."""
+
+    def free_bytes(self) -> int | None:
+        """None: D1's storage is not on a local file system (its limits surface as ``InsufficientStorage``)."""
+        return None
+
     async def close(self) -> None:
         """Nothing to release: the shared HTTP client belongs to the backend."""

@@ -33,6 +33,8 @@ from services.migrate import CONTROL_DIR, apply_pending, discover
 from services.ports import Embedder, SqlDatabase, VectorIndex
 from services.scoped import OrgSql, OrgVectors
 
+from .vectorize import VectorizeIndex, wait_searchable
+
 __all__ = [
     "CheckItem",
     "CheckReport",
@@ -474,21 +476,21 @@ async def reindex(
     save(last_pk, finished=True)
     if bar is not None:
         bar.update(done, final=True)
-    searchable = None
-    wait_for = getattr(index, "wait_for", None)
-    if mutation and wait_for is not None and wait:
-        searchable = await wait_for(mutation, wait)
+    searchable = None  # an index that applies writes synchronously has nothing to wait for
+    if mutation and wait and index.applies_writes_later:
+        searchable = await wait_searchable(index, mutation, wait)
     return ReindexResult(org_id=org_id, total=total, done=done, embedded=embedded, resumed_from=resumed_from,
                          pruned=pruned, mutation_id=mutation, searchable=searchable,
                          seconds=round(time.monotonic() - started, 3))
 
 
-async def _prune(sql: OrgSql, vectors: OrgVectors, index: Any, org_id: str) -> tuple[int, str | None]:
+async def _prune(sql: OrgSql, vectors: OrgVectors, index: VectorIndex, org_id: str) -> tuple[int, str | None]:
     prefix = f"{org_id}:"
     in_index: set[str] = set()
-    if hasattr(index, "ids_in_namespace"):
-        in_index = {i[len(prefix):] for i in await index.ids_in_namespace(org_id) if i.startswith(prefix)}
-    elif hasattr(index, "list_ids"):
+    listed = await index.ids_in_namespace(org_id)
+    if listed is not None:
+        in_index = {i[len(prefix):] for i in listed if i.startswith(prefix)}
+    elif isinstance(index, VectorizeIndex):  # it cannot list a namespace: page through the whole index
         async for page in index.list_ids():
             in_index.update(i[len(prefix):] for i in page if i.startswith(prefix))
     else:

@@ -60,7 +60,7 @@ from urllib.parse import quote
 import numpy as np
 
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
-from services.ports import Vector, VectorIndexInfo, VectorMatch
+from services.ports import Vector, VectorIndex, VectorIndexInfo, VectorMatch
 
 from .client import CloudflareApi, CloudflareNotFound
 
@@ -73,6 +73,7 @@ __all__ = [
     "MAX_TOP_K_WITH_DATA",
     "model_description",
     "model_from_description",
+    "wait_searchable",
 ]
 
 log = logging.getLogger("memex.cloudflare.vectorize")
@@ -209,7 +210,15 @@ def _unit_rows(values: Sequence[Any], dims: int) -> np.ndarray:
 
 
 class VectorizeIndex:
-    """``VectorIndex`` over one Vectorize v2 index (cosine; namespace = organization)."""
+    """``VectorIndex`` over one Vectorize v2 index (cosine; namespace = organization).
+
+    Writes apply later (``applies_writes_later``; ``searchable`` tells when). Vectorize cannot list one
+    namespace (``ids_in_namespace`` is None; ``list_ids`` pages through the whole index), and it has no local
+    log or disk (``checkpoint`` does nothing, ``free_bytes`` is None).
+    """
+
+    #: Vectorize applies mutations asynchronously, "typically within a few seconds".
+    applies_writes_later = True
 
     def __init__(
         self,
@@ -550,19 +559,36 @@ class VectorizeIndex:
 
     async def wait_for(self, mutation_id: str | None, timeout: float = 30.0, *, issued_at: float | None = None) -> bool:
         """Poll ``/info`` until ``mutation_id`` is applied; False when ``timeout`` seconds pass first."""
-        deadline = time.monotonic() + timeout
-        delay = 0.1
-        while True:
-            if await self.searchable(mutation_id, issued_at=issued_at):
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 1.6, 2.0)
+        return await wait_searchable(self, mutation_id, timeout, issued_at=issued_at)
+
+    async def ids_in_namespace(self, namespace: str) -> None:
+        """None: Vectorize cannot list the ids of one namespace (``list_ids`` pages through the whole index)."""
+
+    async def checkpoint(self) -> None:
+        """Nothing to do: there is no local write-ahead log."""
+
+    def free_bytes(self) -> int | None:
+        """None: the index is not on a local file system."""
+        return None
 
     async def close(self) -> None:
         """Nothing to release: the shared HTTP client belongs to the backend."""
+
+
+async def wait_searchable(index: VectorIndex, mutation_id: str | None, timeout: float = 30.0, *,
+                          issued_at: float | None = None) -> bool:
+    """Poll ``index.searchable`` with backoff until ``mutation_id`` is applied; False when ``timeout`` seconds
+    pass first (at once True for an index that applies writes synchronously)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while True:
+        if await index.searchable(mutation_id, issued_at=issued_at):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(delay, left))
+        delay = min(delay * 1.6, 2.0)
 
 
 def _maybe_cut(meta: Any) -> bool:

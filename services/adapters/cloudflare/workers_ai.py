@@ -190,7 +190,8 @@ class WorkersAIEmbedder:
         return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
     async def embed_query(self, text: str) -> np.ndarray:
-        """One text -> (768,), through a small LRU keyed on the text (search queries repeat)."""
+        """One text -> (768,), through a small LRU keyed on the text (search queries repeat). The query is
+        embedded as a document (bge's retrieval instruction prefix is not used)."""
         if self.query_cache_size:
             hit = self._cache.get(text)
             if hit is not None:
