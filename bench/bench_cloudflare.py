@@ -123,15 +123,27 @@ D1_FILE: Path | None = None  # the emulator's SQLite file for our database: read
 
 
 def queue_state() -> tuple[int, int]:
-    """(pending jobs, chunks whose vector write is not yet confirmed searchable), read from the D1 file."""
+    """(pending jobs, chunks whose vector write is not yet confirmed searchable), read from the D1 files: the
+    control database routes each organization to its own D1 database, whose emulator file sits beside it."""
     import sqlite3
-    con = sqlite3.connect(f"file:{D1_FILE}?mode=ro", uri=True, timeout=30)
+
+    def ro(path: Path) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+
+    con = ro(D1_FILE)
     try:
-        jobs = con.execute("SELECT COUNT(*) FROM jobs WHERE state = 'pending'").fetchone()[0]
-        muts = con.execute("SELECT COUNT(*) FROM chunks WHERE vector_mutation IS NOT NULL").fetchone()[0]
-        return jobs, muts
+        locations = [r[0] for r in con.execute("SELECT location FROM org_databases")]
     finally:
         con.close()
+    jobs = muts = 0
+    for loc in locations:
+        con = ro(D1_FILE.with_name(f"{loc}.sqlite3"))
+        try:
+            jobs += con.execute("SELECT COUNT(*) FROM jobs WHERE state = 'pending'").fetchone()[0]
+            muts += con.execute("SELECT COUNT(*) FROM chunks WHERE vector_mutation IS NOT NULL").fetchone()[0]
+        finally:
+            con.close()
+    return jobs, muts
 
 
 def drain(base: str, settle: float = 0.3, timeout: float = 600) -> None:
