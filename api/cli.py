@@ -11,36 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from api.settings import Settings, SettingsError
+from api.cli_common import add_data_dir, make_memex, print_json, settings_from, with_memex
+from api.settings import Settings
 
 __all__ = ["main"]
-
-
-def _settings(args: argparse.Namespace, **extra) -> Settings:
-    overrides = dict(extra)
-    if getattr(args, "data_dir", None):
-        overrides["data_dir"] = Path(args.data_dir)
-    try:
-        return Settings.from_env(**overrides)
-    except SettingsError:
-        raise
-    except ValueError as exc:  # a setting refused while reading the environment: a message, not a traceback
-        raise SettingsError(str(exc)) from exc
-
-
-def _memex(settings: Settings):
-    from api.wiring import Memex
-
-    return Memex(settings.with_(run_worker=False))
-
-
-async def _with_memex(settings: Settings, fn):
-    memex = _memex(settings)
-    try:
-        await memex.start(worker=False)
-        return await fn(memex)
-    finally:
-        await memex.stop()
 
 
 def _cap_malloc_arenas(arenas: int = 2) -> None:
@@ -65,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.app import create_app
     from api.server import server_options
 
-    settings = _settings(args)
+    settings = settings_from(args)
     base = settings.public_url or f"http://{args.host}:{args.port}"
     app = create_app(settings)
     print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, data={settings.data_dir.resolve()})")
@@ -83,7 +57,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from services.migrate import CONTROL_DIR, apply_pending, applied, discover
 
     async def go():
-        memex = _memex(_settings(args))
+        memex = make_memex(settings_from(args))
         try:
             if args.status:
                 names = [m.name for m in discover(CONTROL_DIR)]
@@ -112,17 +86,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
-def _print(obj) -> None:
-    print(json.dumps(obj, indent=2, default=str))
-
-
 def cmd_org_create(args: argparse.Namespace) -> int:
     async def run(memex):
         org, issued = await memex.orgs.create(name=args.name, slug=args.slug)
         return {"organization": {"id": org.id, "slug": org.slug, "name": org.name, "created_at": org.created_at},
                 "api_key": {"id": issued.record.id, "key": issued.raw, "scopes": issued.record.scopes}}
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     print("Store the key now: it is not shown again.", file=sys.stderr)
     return 0
 
@@ -141,7 +111,7 @@ def cmd_key_create(args: argparse.Namespace) -> int:
         issued = await keys.create(name=args.name, scopes=args.scopes.split(","), expires_at=args.expires_at)
         return {"id": issued.record.id, "key": issued.raw, "scopes": issued.record.scopes, "expires_at": issued.record.expires_at}
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
@@ -150,7 +120,7 @@ def cmd_key_list(args: argparse.Namespace) -> int:
         keys = await _org_keys(memex, args.org)
         return [dataclasses.asdict(r) for r in await keys.list()]
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
@@ -160,7 +130,7 @@ def cmd_key_revoke(args: argparse.Namespace) -> int:
         r = await keys.revoke(args.key_id)
         return {"id": r.id, "revoked_at": r.revoked_at}
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
@@ -185,14 +155,14 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 def cmd_cloudflare_check(args: argparse.Namespace) -> int:
     from services.adapters.cloudflare.ops import run_check
 
-    return run_check(_settings(args), fix=args.fix, as_json=args.json)
+    return run_check(settings_from(args), fix=args.fix, as_json=args.json)
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     from services.adapters.cloudflare.ops import run_reindex
 
-    settings = _settings(args)
-    return run_reindex(lambda: _memex(settings), args.org, restart=args.restart, prune=args.prune,
+    settings = settings_from(args)
+    return run_reindex(lambda: make_memex(settings), args.org, restart=args.restart, prune=args.prune,
                        page_size=args.page_size, wait=args.wait)
 
 
@@ -200,19 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memex", description="Memex: multi-tenant memory for AI agents")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def data_dir(sp):
-        sp.add_argument("--data-dir", default=None, help="directory for the SQLite file and vector index (default ./data or MEMEX_DATA_DIR)")
-
     s = sub.add_parser("serve", help="apply migrations and serve the API and MCP")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--log-level", default="info")
-    data_dir(s)
+    add_data_dir(s)
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("migrate", help="upgrade the control database and every organization's (resumable)")
     m.add_argument("--status", action="store_true", help="list each database's applied and pending migrations")
-    data_dir(m)
+    add_data_dir(m)
     m.set_defaults(fn=cmd_migrate)
 
     o = sub.add_parser("openapi", help="write the OpenAPI document (committed as openapi/openapi.json)")
@@ -223,18 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     oc = org.add_parser("create", help="create an organization and its first admin key")
     oc.add_argument("--name", required=True)
     oc.add_argument("--slug", required=True)
-    data_dir(oc)
+    add_data_dir(oc)
     oc.set_defaults(fn=cmd_org_create)
 
     from api.org_lifecycle_cli import add_commands as add_org_lifecycle_commands
 
-    add_org_lifecycle_commands(org, data_dir)  # org export / import / delete
+    add_org_lifecycle_commands(org)  # org export / import / delete
 
     cf = sub.add_parser("cloudflare", help="Cloudflare backend operations").add_subparsers(dest="cf_command", required=True)
     cc = cf.add_parser("check", help="verify token, D1 database, migrations, Vectorize index and metadata indexes")
     cc.add_argument("--fix", action="store_true", help="apply missing migrations and create missing metadata indexes")
     cc.add_argument("--json", action="store_true")
-    data_dir(cc)
+    add_data_dir(cc)
     cc.set_defaults(fn=cmd_cloudflare_check)
 
     ri = sub.add_parser("reindex", help="rebuild an organization's vectors from the SQL store (resumable)")
@@ -243,16 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument("--prune", action="store_true", help="also delete vectors with no rows behind them")
     ri.add_argument("--page-size", type=int, default=500)
     ri.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the new vectors to be searchable")
-    data_dir(ri)
+    add_data_dir(ri)
     ri.set_defaults(fn=cmd_reindex)
 
     from api.enrichment_cli import add_commands as add_enrich_commands
 
-    add_enrich_commands(sub, data_dir)
+    add_enrich_commands(sub)
 
     from api.conversations_cli import add_commands as add_conversation_commands
 
-    add_conversation_commands(sub, data_dir)
+    add_conversation_commands(sub)
 
     key = sub.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
     kc = key.add_parser("create", help="create a key (printed once)")
@@ -260,16 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
     kc.add_argument("--name", required=True)
     kc.add_argument("--scopes", default="read,write", help="comma-separated: read,write,admin")
     kc.add_argument("--expires-at", type=int, default=None, help="epoch ms")
-    data_dir(kc)
+    add_data_dir(kc)
     kc.set_defaults(fn=cmd_key_create)
     kl = key.add_parser("list", help="list keys (never a secret)")
     kl.add_argument("--org", required=True)
-    data_dir(kl)
+    add_data_dir(kl)
     kl.set_defaults(fn=cmd_key_list)
     kr = key.add_parser("revoke", help="revoke a key")
     kr.add_argument("--org", required=True)
     kr.add_argument("key_id")
-    data_dir(kr)
+    add_data_dir(kr)
     kr.set_defaults(fn=cmd_key_revoke)
     return p
 

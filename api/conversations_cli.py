@@ -1,6 +1,6 @@
 """``memex conversations backfill-compress``: compress legacy messages in resumable batches, with a progress bar.
 
-Hooked into ``api.cli.build_parser`` by ``add_commands(sub, data_dir)``.
+Hooked into ``api.cli.build_parser`` by ``add_commands(sub)``.
 """
 
 from __future__ import annotations
@@ -8,39 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from typing import TextIO
 
-__all__ = ["add_commands", "cmd_backfill_compress", "backfill_org", "ProgressBar"]
+from api.cli_common import ProgressBar, add_data_dir, print_json, settings_from, with_memex
+from tenancy.models import AuthContext
 
-
-class ProgressBar:
-    """A one-line text progress bar on a stream (a TTY redraws in place; anything else gets a line per step)."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total, self.label, self.width = max(0, total), label, width
-        self.stream = stream or sys.stderr
-        self.done = 0
-        self.started = time.monotonic()
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def update(self, step: int) -> None:
-        self.done += step
-        self._draw(end="" if self.tty else "\n")
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, end: str) -> None:
-        frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
-        filled = int(frac * self.width)
-        rate = self.done / max(1e-9, time.monotonic() - self.started)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"({frac:4.0%}) {rate:,.0f} msg/s")
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
+__all__ = ["add_commands", "cmd_backfill_compress", "backfill_org"]
 
 
 async def backfill_org(conversations, *, batch_size: int = 500, cursor: str | None = None, label: str = "",
@@ -62,9 +35,6 @@ async def backfill_org(conversations, *, batch_size: int = 500, cursor: str | No
 
 
 def cmd_backfill_compress(args: argparse.Namespace) -> int:
-    from api.cli import _print, _settings, _with_memex
-    from tenancy.models import AuthContext
-
     async def run(memex):
         orgs = [await memex.orgs.by_slug(args.org)] if args.org else await memex.orgs.all()
         report = {}
@@ -80,16 +50,16 @@ def cmd_backfill_compress(args: argparse.Namespace) -> int:
                 raise
         return report
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
-def add_commands(sub, data_dir) -> None:
+def add_commands(sub) -> None:
     """Add ``conversations backfill-compress`` to the ``memex`` parser (``sub``: its subparsers)."""
     conv = sub.add_parser("conversations", help="conversations").add_subparsers(dest="conversations_command", required=True)
     bf = conv.add_parser("backfill-compress", help="compress legacy (uncompressed) messages in batches; resumable")
     bf.add_argument("--org", default=None, help="organization slug (default: every organization)")
     bf.add_argument("--batch-size", type=int, default=500, help="messages per batch (1-1000)")
     bf.add_argument("--cursor", default=None, help="start after this message id (with --org)")
-    data_dir(bf)
+    add_data_dir(bf)
     bf.set_defaults(fn=cmd_backfill_compress)

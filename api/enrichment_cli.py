@@ -1,5 +1,5 @@
 """``memex enrich backfill``: the two-pass enrichment backfill (second-brain-design §7.2), resumable, with a
-progress bar. Hooked into ``api.cli.build_parser`` by ``add_commands(sub, data_dir)``.
+progress bar. Hooked into ``api.cli.build_parser`` by ``add_commands(sub)``.
 
 The checkpoint lives in the database (``enrichment_backfill``), so an interrupted run, a run stopped by the
 daily LLM budget, or one started over REST (``POST /v1/admin/backfill/enrich``) continues where it was.
@@ -12,6 +12,9 @@ import asyncio
 import sys
 import time
 from typing import Any, TextIO
+
+from api.cli_common import add_data_dir, print_json, settings_from, with_memex
+from tenancy.models import AuthContext
 
 __all__ = ["add_commands", "cmd_enrich_backfill", "backfill_enrich_org", "Progress"]
 
@@ -73,9 +76,6 @@ async def backfill_enrich_org(enricher: Any, *, batch_size: int = 50, restart: b
 
 
 def cmd_enrich_backfill(args: argparse.Namespace) -> int:
-    from api.cli import _print, _settings, _with_memex
-    from tenancy.models import AuthContext
-
     async def run(memex):
         orgs = [await memex.orgs.by_slug(args.org)] if args.org else await memex.orgs.all()
         report = {}
@@ -92,11 +92,11 @@ def cmd_enrich_backfill(args: argparse.Namespace) -> int:
                 print(f"{org.slug}: the daily LLM budget is spent; run again tomorrow to resume", file=sys.stderr)
         return report
 
-    _print(asyncio.run(_with_memex(_settings(args), run)))
+    print_json(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
-def add_commands(sub, data_dir) -> None:
+def add_commands(sub) -> None:
     """Add ``enrich backfill`` to the ``memex`` parser (``sub``: its subparsers)."""
     enrich = sub.add_parser("enrich", help="summaries, tags and importance").add_subparsers(
         dest="enrich_command", required=True)
@@ -104,5 +104,5 @@ def add_commands(sub, data_dir) -> None:
     bf.add_argument("--org", default=None, help="organization slug (default: every organization)")
     bf.add_argument("--batch-size", type=int, default=50, help="thoughts per batch (1-1000)")
     bf.add_argument("--restart", action="store_true", help="drop the checkpoint and start again at pass 1")
-    data_dir(bf)
+    add_data_dir(bf)
     bf.set_defaults(fn=cmd_enrich_backfill)

@@ -2,7 +2,7 @@
 on stderr. They work on the stores directly (like every other command), through the same code as the REST
 routes (api.org_lifecycle, services.storage.bundle).
 
-Hooked into ``api.cli.build_parser`` by ``add_commands(org_subparsers, data_dir)``.
+Hooked into ``api.cli.build_parser`` by ``add_commands(org_subparsers)``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from api.conversations_cli import ProgressBar
+from api.cli_common import ProgressBar, add_data_dir, settings_from, with_memex
 
 __all__ = ["add_commands", "cmd_org_export", "cmd_org_import", "cmd_org_delete", "RecordBar"]
 
@@ -27,7 +27,7 @@ READ_CHUNK = 1024 * 1024
 
 
 class RecordBar(ProgressBar):
-    """The conversations' progress bar, counting bundle records."""
+    """The progress bar, counting bundle records."""
 
     def _draw(self, end: str) -> None:
         frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
@@ -45,8 +45,7 @@ def _report(obj) -> None:
 
 def cmd_org_export(args: argparse.Namespace) -> int:
     """Write the organization's bundle to ``-o FILE`` (written as FILE.partial, renamed when complete) or stdout."""
-    from api.cli import _settings, _with_memex
-    from api.org_lifecycle import bundle_export
+    from api.org_lifecycle import bundle_export  # the REST side (litestar): only loaded when exporting
 
     async def run(memex):
         org = await memex.orgs.by_slug(args.org)
@@ -73,7 +72,7 @@ def cmd_org_export(args: argparse.Namespace) -> int:
             bar[0].close()
         return {"organization": org.slug, "output": args.output if to_file else "-", "counts": export.counts}
 
-    _report(asyncio.run(_with_memex(_settings(args), run)))
+    _report(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
@@ -85,8 +84,7 @@ async def _chunks(stream: BinaryIO) -> AsyncIterator[bytes]:
 def cmd_org_import(args: argparse.Namespace) -> int:
     """Restore a bundle (FILE, or - for stdin) into an empty organization; its chunks are queued for embedding
     (the service's worker embeds them; a work hint tells a running one)."""
-    from api.cli import _settings, _with_memex
-    from api.org_lifecycle import bundle_import
+    from api.org_lifecycle import bundle_import  # the REST side (litestar): only loaded when importing
 
     async def run(memex):
         org = await memex.orgs.by_slug(args.org)
@@ -109,14 +107,12 @@ def cmd_org_import(args: argparse.Namespace) -> int:
         memex.wake(org.id)
         return {"organization": org.slug, **msgspec.to_builtins(result)}
 
-    _report(asyncio.run(_with_memex(_settings(args), run)))
+    _report(asyncio.run(with_memex(settings_from(args), run)))
     return 0
 
 
 def cmd_org_delete(args: argparse.Namespace) -> int:
     """Delete an organization for good (``--confirm`` must repeat its slug)."""
-    from api.cli import _settings, _with_memex
-
     if args.confirm != args.org:
         print("error: --confirm must repeat the organization's slug; nothing was deleted", file=sys.stderr)
         return 2
@@ -129,24 +125,24 @@ def cmd_org_delete(args: argparse.Namespace) -> int:
         print(" done", file=sys.stderr)
         return {"deleted": org.slug, "id": org.id}
 
-    print(json.dumps(asyncio.run(_with_memex(_settings(args), run)), indent=2))
+    print(json.dumps(asyncio.run(with_memex(settings_from(args), run)), indent=2))
     return 0
 
 
-def add_commands(org, data_dir) -> None:
+def add_commands(org) -> None:
     """Add ``export``, ``import`` and ``delete`` to the ``memex org`` subparsers (``org``)."""
     ex = org.add_parser("export", help="write an organization's bundle (JSON Lines; docs/export-bundle.md)")
     ex.add_argument("--org", required=True, help="organization slug")
     ex.add_argument("-o", "--output", default=None, help="file to write (default: stdout)")
-    data_dir(ex)
+    add_data_dir(ex)
     ex.set_defaults(fn=cmd_org_export)
     im = org.add_parser("import", help="restore a bundle into an empty organization")
     im.add_argument("--org", required=True, help="organization slug (it must have no thoughts or conversations)")
     im.add_argument("file", help="the bundle (- for stdin)")
-    data_dir(im)
+    add_data_dir(im)
     im.set_defaults(fn=cmd_org_import)
     de = org.add_parser("delete", help="delete an organization for good: its data, vectors, keys and bindings")
     de.add_argument("--org", required=True, help="organization slug")
     de.add_argument("--confirm", required=True, help="the slug again")
-    data_dir(de)
+    add_data_dir(de)
     de.set_defaults(fn=cmd_org_delete)
