@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the control database and every organization's (resumable: each file commits with its record;
     run it again after an interruption). ``--status`` only lists versions."""
-    from services.migrate import CONTROL_DIR, apply_pending, applied, discover
+    from services.storage.migrate import CONTROL_DIR, apply_pending, applied, discover
 
     async def go():
         memex = make_memex(settings_from(args))

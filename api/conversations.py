@@ -18,13 +18,13 @@ from api.errors import error_responses
 from api.mcp import McpTool, output_schema, register_tools, to_plain
 from api.routes import ADMIN, AUTH_ERRORS, READ, WRITE, org_services
 from api.wiring import OrgServices
-from services.conversation_models import (
+from services.conversations.models import (
     AppendResult, BackfillResult, Conversation, ConversationDetail, ConversationPage, MessageIn, MessagePage,
 )
 from services.errors import InvalidInput
 from services.models import SearchResult
-from services.search import SearchOptions
-from services.temporal import TIME_JSON_SCHEMA, TimeValue, time_options
+from services.search.search import SearchOptions
+from services.text.temporal import TIME_JSON_SCHEMA, TimeValue, time_options
 
 #: An append that wrote nothing new: the Idempotency-Key's original result, or every client_id already stored.
 REPLAYED = ResponseSpec(data_container=AppendResult, generate_examples=False,

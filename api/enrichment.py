@@ -11,7 +11,7 @@ from litestar.params import Parameter
 from api.errors import error_responses
 from api.routes import ADMIN, AUTH_ERRORS, org_services
 from api.wiring import OrgServices
-from services.enrichment import EnrichBackfillResult
+from services.enrichment.enrichment import EnrichBackfillResult
 
 __all__ = ["backfill_enrich", "enrichment_handlers"]
 

@@ -1,4 +1,4 @@
-"""The history of merged / replaced originals over REST and MCP (services.history): list, restore, purge.
+"""The history of merged / replaced originals over REST and MCP (services.thoughts.history): list, restore, purge.
 
 Registers its MCP tools on import (``thought_history``: read; ``restore_thought``: write). Another
 organization's ids are 404 like everywhere else: every statement is bound to the caller's organization.

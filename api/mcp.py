@@ -31,8 +31,8 @@ from api.strict import json_too_deep
 from api.wiring import Memex, OrgServices
 from services.errors import MemexError, NotFound
 from services.models import CaptureResult, SearchResult, ThoughtDetail, ThoughtPage
-from services.search import SearchOptions
-from services.temporal import MAX_MS
+from services.search.search import SearchOptions
+from services.text.temporal import MAX_MS
 
 __all__ = ["mcp_handlers", "McpTool", "TOOLS", "register_tools"]
 

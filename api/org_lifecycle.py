@@ -1,5 +1,5 @@
 """The whole organization's lifecycle over REST (admin scope): export it as a bundle, import a bundle into an
-empty organization, delete it. The bundle format: docs/export-bundle.md (services.storage.bundle).
+empty organization, delete it. The bundle format: docs/export-bundle.md (services.bundle.bundle).
 
 Everything acts on the caller's own organization: no route takes an organization id or slug to act on (the
 delete's ``confirm`` must repeat the caller's slug; any other value is a 400 that deletes nothing)."""
@@ -23,8 +23,8 @@ from api.limits import MAX_IMPORT_BYTES
 from api.routes import ADMIN, AUTH_ERRORS
 from api.wiring import Memex
 from services.errors import InvalidInput, MemexError
-from services.scoped import OrgSql
-from services.storage.bundle import MEDIA_TYPE, BundleExport, BundleImport, BundleOrganization, ImportResult
+from services.storage.scoped import OrgSql
+from services.bundle.bundle import MEDIA_TYPE, BundleExport, BundleImport, BundleOrganization, ImportResult
 
 __all__ = ["org_lifecycle_handlers", "bundle_export", "bundle_import", "IMPORT_MEDIA_TYPES"]
 

@@ -21,8 +21,8 @@ from api.wiring import Memex, OrgServices
 from services.errors import RateLimited
 from services.ids import now_ms
 from services.models import CaptureResult, ThoughtDetail, ThoughtPage
-from services.search import SearchOptions
-from services.temporal import MAX_MS, time_options
+from services.search.search import SearchOptions
+from services.text.temporal import MAX_MS, time_options
 from tenancy.keys import KeyRecord
 
 __all__ = ["route_handlers", "org_services"]

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from services.temporal import TimeValue
+from services.text.temporal import TimeValue
 
 from services.models import SearchHit
 
@@ -74,7 +74,7 @@ class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
 
 class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
-    top_k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10  # services.search.MAX_TOP_K
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10  # services.search.search.MAX_TOP_K
     tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(default_factory=list)
     kinds: Annotated[list[Kind], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
     conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None

@@ -199,7 +199,7 @@ class Settings:
     rank_task_half_life_days: float = 7.0
     rank_work_half_life_days: float = 90.0
     rank_context_half_life_days: float = 180.0
-    #: Tags that make a thought task-like / context (empty: the built-in lists in services.ranking).
+    #: Tags that make a thought task-like / context (empty: the built-in lists in services.search.ranking).
     rank_task_tags: list[str] = field(default_factory=list)
     rank_context_tags: list[str] = field(default_factory=list)
     #: Seconds a reranker's result is reused for the same query and candidates (in process).

@@ -13,21 +13,21 @@ import httpx
 from api.settings import Settings, SettingsError
 from services.errors import InvalidInput
 from services.ids import now_ms
-from services.migrate import CONTROL_DIR, apply_pending
+from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex, require
-from services.scoped import OrgSql, OrgVectors
+from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.d1_stores import D1OrgStores
 from services.storage.stores import EmbeddedOrgStores, OrgStores
-from services.conversation_search import ConversationHydrator
-from services.conversations import ConversationLimits, Conversations, KeyedLocks
-from services.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
-from services.llm_budget import BudgetedLLM, LLMBudget
-from services.decisions import Decisions
-from services.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
-from services.recent_vectors import RecentVectors, cached_embed_handler
-from services.search import Hydrator, Search, hydrate_thoughts
-from services.thoughts import ThoughtLimits, Thoughts
-from services.worker import JobWorker, reconcile_org
+from services.conversations.search import ConversationHydrator
+from services.conversations.conversations import ConversationLimits, Conversations, KeyedLocks
+from services.enrichment.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
+from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
+from services.thoughts.decisions import Decisions
+from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
+from services.search.recent_vectors import RecentVectors, cached_embed_handler
+from services.search.search import Hydrator, Search, hydrate_thoughts
+from services.thoughts.thoughts import ThoughtLimits, Thoughts
+from services.jobs.worker import JobWorker, reconcile_org
 from tenancy.addresses import ClientAddresses
 from tenancy.auth import AuthLimits, Authenticator
 from tenancy.bindings import OrgBindings

@@ -11,7 +11,7 @@ back to corpus ids through their metadata and prints:
   in the top k / relevant documents judged;
 * search latency p50 / p95 (one client, sequential requests, the HTTP round trip as a client sees it).
 
-Recall@100 needs 100 results per query. The API returns at most ``MAX_TOP_K`` (``services.search``) per
+Recall@100 needs 100 results per query. The API returns at most ``MAX_TOP_K`` (``services.search.search``) per
 call; when the server refuses ``--top-k`` (400/422), the bench falls back to the largest top_k the service
 accepts and labels the figure "Recall@<that>" instead of pretending it is Recall@100.
 

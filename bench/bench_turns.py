@@ -97,8 +97,8 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
 
     from api.settings import Settings
     from api.wiring import Memex
-    from services.conversation_models import MessageIn
-    from services.search import SearchOptions
+    from services.conversations.models import MessageIn
+    from services.search.search import SearchOptions
     from tenancy.models import AuthContext
 
     timed = "created_at" in MessageIn.__struct_fields__
@@ -164,7 +164,7 @@ async def main() -> None:
     p.add_argument("--skip-product", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
-    from services.search import fts_query
+    from services.search.search import fts_query
 
     data = build(args.convs, args.sessions, args.turns, seed=args.seed)
     n_turns = sum(len(data.turns(i)) for i in range(len(data.conversations)))

@@ -1,4 +1,4 @@
-"""Calibrates the relevance floor (services.search): which cosine / keyword-coverage cut-offs drop the hits of
+"""Calibrates the relevance floor (services.search.search): which cosine / keyword-coverage cut-offs drop the hits of
 queries about things the organization never wrote, and what they cost on real queries.
 
 Runs in process against a data directory already holding BEIR SciFact (made by ``bench/bench_scifact.py
@@ -47,8 +47,8 @@ OFF_TOPIC = [
 async def run(data_dir: Path, dataset: Path, grid: list[tuple[float | None, float]]) -> None:
     from api.settings import Settings
     from api.wiring import Memex
-    import services.search as search_mod
-    from services.search import SearchOptions
+    import services.search.search as search_mod
+    from services.search.search import SearchOptions
     from tenancy.models import AuthContext
 
     state = json.loads((data_dir / "bench_scifact.json").read_text())

@@ -13,7 +13,7 @@ namespace) the member says so (a no-op, None). The composition root checks each 
 ``require`` and refuses one that lacks a member.
 
 Services never see these directly with an organization id in hand: they receive handles bound to one
-organization (``OrgSql``, ``OrgVectors`` in ``services.scoped``), made by ``for_org(org_id)``.
+organization (``OrgSql``, ``OrgVectors`` in ``services.storage.scoped``), made by ``for_org(org_id)``.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class Embedder(Protocol):
     dimensions: int
     max_tokens: int
     #: The cosine below which a query-text pair is weak evidence of relevance for this model (calibrated on
-    #: data; services.search's relevance floor). None: no floor for this model's vector side.
+    #: data; services.search.search's relevance floor). None: no floor for this model's vector side.
     relevance_floor: float | None
 
     def count_tokens(self, text: str) -> int:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from services.errors import Conflict, InvalidInput, NotFound
-from services.scoped import OrgSql
+from services.storage.scoped import OrgSql
 from services.ids import now_ms
 from tenancy.models import ROLE_SCOPES, SCOPES
 

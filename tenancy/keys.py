@@ -32,7 +32,7 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 
 from services.errors import InvalidInput, NotFound
 from services.ports import SqlDatabase, Statement
-from services.scoped import OrgSql
+from services.storage.scoped import OrgSql
 from services.ids import now_ms
 from tenancy.models import SCOPES
 

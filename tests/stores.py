@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
-from services.migrate import CONTROL_DIR, apply_pending
+from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.ports import Embedder, SqlDatabase
 from services.storage.stores import EmbeddedOrgStores
 

@@ -35,7 +35,7 @@ def test_services_do_not_import_api_tenancy_or_adapters():
 
 def test_tenancy_uses_only_ports_models_errors_and_scoped_handles():
     # services.storage.stores: the OrgStores protocol (sign-up provisions the organization's database)
-    allowed = ("services.ports", "services.errors", "services.scoped", "services.ids", "services.models",
+    allowed = ("services.ports", "services.errors", "services.storage.scoped", "services.ids", "services.models",
                "services.storage.stores")
     for f in _files("tenancy"):
         for mod in _imports(f):

@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 
 from services.adapters.sqlite import SqliteDatabase
-from services.migrate import CONTROL_DIR, LEGACY_DIR, apply_pending
+from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, apply_pending
 from tests.access_fixtures import AUD, SERVICE_COMMON_NAME, TEAM_DOMAIN, JWKSServer, default_key, make_token
 from tests.conftest import assert_error, signup, start_live
 from tests.mcp_client import mcp_session

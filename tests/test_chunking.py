@@ -9,7 +9,7 @@ import pytest
 
 from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, load_tokenizer_json
-from services.chunking import chunk_spans, chunk_text, default_chunk_params
+from services.text.chunking import chunk_spans, chunk_text, default_chunk_params
 
 TOPICS = "retention billing onboarding latency backups invoices search tenants quotas alerts".split()
 VERBS = "covers explains changes delays improves breaks documents replaces".split()

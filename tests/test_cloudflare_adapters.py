@@ -905,7 +905,7 @@ async def backend(cf):
 
 
 async def test_emulator_migrations_apply_once_and_match_the_folder(backend):
-    from services.migrate import apply_pending, discover
+    from services.storage.migrate import apply_pending, discover
 
     ran = await apply_pending(backend.db)
     assert ran == [m.name for m in discover()]
@@ -940,7 +940,7 @@ async def test_emulator_batch_and_script_are_atomic(backend):
 
 
 async def test_emulator_fts5_and_json_each_through_d1(backend):
-    from services.migrate import apply_pending
+    from services.storage.migrate import apply_pending
 
     await apply_pending(backend.db)
     db = backend.db
@@ -1062,7 +1062,7 @@ async def provision(backend):
 
 
 async def test_emulator_vector_roundtrip_with_lag(backend, cf):
-    from services.scoped import OrgVectors
+    from services.storage.scoped import OrgVectors
 
     await provision(backend)
     cf.vector_lag_ms = 400
@@ -1129,7 +1129,7 @@ async def test_emulator_embedder_batches_and_long_texts(backend, cf):
 
 
 async def test_emulator_chunks_accepted_by_workers_ai(backend):
-    from services.chunking import chunk_text, default_chunk_params
+    from services.text.chunking import chunk_text, default_chunk_params
 
     emb = backend.emb
     text = "\n\n".join(" ".join(f"Sentence {p}-{i} talks about retrieval, memory and embeddings." for i in range(40))
@@ -1198,7 +1198,7 @@ async def test_emulator_check_names_a_bad_token(cf):
 
 async def test_emulator_reindex_is_resumable(backend, tmp_path):
     from services.adapters.cloudflare.ops import reindex
-    from services.migrate import apply_pending
+    from services.storage.migrate import apply_pending
 
     await apply_pending(backend.db)  # an organization's database (the org migration stream)
     await provision(backend)
@@ -1235,7 +1235,7 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
     assert state["finished"] is False and state["last_pk"] > 0
     result = await reindex(db, backend.index, backend.emb, "org_r", state_dir=tmp_path, page_size=3, progress=False)
     assert (result.total, result.resumed_from, result.embedded, result.searchable) == (7, 6, 1, True)
-    from services.scoped import OrgVectors
+    from services.storage.scoped import OrgVectors
 
     got = await OrgVectors(backend.index, "org_r").get_by_ids([f"k{i}" for i in range(7)])
     assert len(got) == 7 and got[3].metadata == {"kind": "thought", "parent_id": "p1", "ordinal": 1, "organization_id": "org_r"}
@@ -1251,7 +1251,7 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
 async def test_emulator_memex_end_to_end_on_cloudflare(cf, tmp_path):
     """The whole service on D1 + Vectorize + Workers AI: capture -> worker -> (lag) -> hybrid search."""
     from api.wiring import Memex
-    from services.search import SearchOptions
+    from services.search.search import SearchOptions
     from tenancy.models import AuthContext
 
     s = _settings(cf.base_url, account=cf.account, token=cf.token, db=_uid("db"), index=_uid("idx"),

@@ -23,11 +23,11 @@ import pytest
 from api.conversations_cli import backfill_org
 from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.sqlite import SqliteDatabase
-from services.compression import decode_content, encode_content
-from services.conversations import ConversationLimits, Conversations, KeyedLocks, chunk_windows, window_starts
-from services.conversation_models import MessageIn
-from services.conversation_search import score_messages
-from services.scoped import OrgSql
+from services.conversations.compression import decode_content, encode_content
+from services.conversations.conversations import ConversationLimits, Conversations, KeyedLocks, chunk_windows, window_starts
+from services.conversations.models import MessageIn
+from services.conversations.search import score_messages
+from services.storage.scoped import OrgSql
 from tests.conftest import EMU_INDEX, Live, assert_error, provision_emulator, signup, start_live
 from tests.mcp_client import mcp_session
 

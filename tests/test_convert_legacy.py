@@ -26,10 +26,10 @@ from api.wiring import Memex
 from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
-from services.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
+from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
 from services.ports import Statement, Vector
 from services.storage import convert
-from services.worker import chunk_metadata
+from services.jobs.worker import chunk_metadata
 from tenancy.keys import KeyManager
 from tests.live import serve
 

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.decisions import Decisions, Similar, validate_answer
+from services.thoughts.decisions import Decisions, Similar, validate_answer
 from services.errors import BackendError
-from services.llm_budget import BudgetedLLM, LLMBudget
+from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ports import SqlDatabase, VectorIndex
-from services.recent_vectors import RecentVectors, cached_embed_handler
-from services.scoped import OrgSql, OrgVectors
+from services.search.recent_vectors import RecentVectors, cached_embed_handler
+from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import EmbeddedOrgStores, OrgStore
-from services.thoughts import Thoughts
-from services.worker import JobWorker
+from services.thoughts.thoughts import Thoughts
+from services.jobs.worker import JobWorker
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM, basis, near
 from tests.stores import make_stores
 
@@ -291,7 +291,7 @@ async def test_a_long_thought_matching_on_its_first_chunk_is_not_blocked(env):
     first = "Intro paragraph of the design record. " * 5
     old = await env.existing(t, first.strip())
     long = first + "\n\n" + "Further details about the rollout and its many steps. " * 60
-    from services.chunking import chunk_text, default_chunk_params
+    from services.text.chunking import chunk_text, default_chunk_params
 
     mt, ov = default_chunk_params(env.emb)
     pieces = chunk_text(long, count_tokens=env.emb.count_tokens, max_tokens=mt, overlap_tokens=ov)
@@ -467,9 +467,9 @@ async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp
     """Without a language model only >= 0.85 similarity changes the outcome; the gate embeds a capture only
     when an existing thought shares enough of its words, and still blocks near-duplicates."""
     from services.adapters.hash_embedder import HashEmbedder
-    from services.decisions import Decisions
-    from services.thoughts import Thoughts
-    from services.worker import JobWorker
+    from services.thoughts.decisions import Decisions
+    from services.thoughts.thoughts import Thoughts
+    from services.jobs.worker import JobWorker
 
     class CountingEmbedder(HashEmbedder):
         calls = 0

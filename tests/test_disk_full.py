@@ -66,10 +66,10 @@ async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(t
 
     from services.adapters.hash_embedder import HashEmbedder
     from services.adapters.local_vectors import LocalVectorIndex
-    from services.migrate import CONTROL_DIR, apply_pending
+    from services.storage.migrate import CONTROL_DIR, apply_pending
     from services.storage.stores import EmbeddedOrgStores
-    from services.thoughts import Thoughts
-    from services.worker import JobWorker
+    from services.thoughts.thoughts import Thoughts
+    from services.jobs.worker import JobWorker
     from tests.stores import add_org
 
     emb = HashEmbedder()

@@ -26,14 +26,14 @@ from api.wiring import Memex
 from services.adapters.llm import OpenAICompatibleLLM, WorkersAIRerankerPort, parse_json_content
 from services.adapters.sqlite import SqliteDatabase
 from services.errors import BackendError
-from services.llm_budget import BudgetedLLM, BudgetExceeded, LLMBudget
-from services.migrate import CONTROL_DIR, apply_pending
+from services.enrichment.llm_budget import BudgetedLLM, BudgetExceeded, LLMBudget
+from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.ports import ChatMessage, LLMResult
-from services.scoped import OrgSql, OrgVectors
-from services.tagging import (
+from services.storage.scoped import OrgSql, OrgVectors
+from services.enrichment.tagging import (
     canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags, normalize_tag,
 )
-from services.worker import Job, embed_parent
+from services.jobs.worker import Job, embed_parent
 from tenancy.models import AuthContext
 from tests.conftest import assert_error, provision_emulator, signup, start_live
 from tests.live import serve

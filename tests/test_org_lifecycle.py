@@ -1,5 +1,5 @@
 """The whole organization's lifecycle over real HTTP on loopback, on both backends: export a bundle, import it
-into an empty organization, delete an organization (services.storage.bundle, api.org_lifecycle); and the same
+into an empty organization, delete an organization (services.bundle.bundle, api.org_lifecycle); and the same
 from the shell (memex org export / import / delete)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from api.limits import MAX_BODY_BYTES
-from services.conversations import chunk_windows
+from services.conversations.conversations import chunk_windows
 from tests.conftest import Live, Org, assert_error, provision_emulator, signup, start_live
 from tests.decision_doubles import ScriptedLLM
 

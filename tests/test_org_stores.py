@@ -14,7 +14,7 @@ import pytest
 
 from services.adapters.hash_embedder import HashEmbedder
 from services.errors import NotFound
-from services.migrate import ORG_DIR, applied, discover
+from services.storage.migrate import ORG_DIR, applied, discover
 from tests.stores import add_org, make_stores
 
 
@@ -118,8 +118,8 @@ async def _indexed(sql, tid: str, timeout: float = 10.0) -> bool:
 
 async def test_one_full_organization_does_not_stop_the_others_jobs(tmp_path):
     from services.errors import InsufficientStorage
-    from services.thoughts import Thoughts
-    from services.worker import JobWorker
+    from services.thoughts.thoughts import Thoughts
+    from services.jobs.worker import JobWorker
 
     emb = HashEmbedder()
     control, stores = await make_stores(tmp_path, emb)

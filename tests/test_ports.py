@@ -20,13 +20,13 @@ from services.adapters.llm import OpenAICompatibleLLM, WorkersAILLM, WorkersAIRe
 from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
 from services.adapters.sqlite import SqliteDatabase
-from services.conversation_search import ConversationHydrator
+from services.conversations.search import ConversationHydrator
 from services.errors import InvalidInput
-from services.llm_budget import BudgetedLLM, LLMBudget
+from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ports import LLM, Embedder, Reranker, SqlDatabase, Vector, VectorIndex, missing_members, require
-from services.recent_vectors import OrgCachedEmbedder, RecentVectors
-from services.scoped import OrgSql
-from services.search import Hydrator, ThoughtHydrator, hydrate_thoughts
+from services.search.recent_vectors import OrgCachedEmbedder, RecentVectors
+from services.storage.scoped import OrgSql
+from services.search.search import Hydrator, ThoughtHydrator, hydrate_thoughts
 from services.storage.pool import HandlePool, PooledDatabase, PooledIndex
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM
 

@@ -13,13 +13,13 @@ import pytest
 from services.adapters.hash_embedder import HashEmbedder
 from services.models import SearchHit
 from services.errors import NotFound
-from services.ranking import (
+from services.search.ranking import (
     DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, frequency,
     importance, is_rollup, penalty, recency, use_weight, uses_now,
 )
-from services.search import Search, SearchOptions, hydrate_thoughts
-from services.thoughts import Thoughts
-from services.worker import JobWorker
+from services.search.search import Search, SearchOptions, hydrate_thoughts
+from services.thoughts.thoughts import Thoughts
+from services.jobs.worker import JobWorker
 from tests.stores import make_stores
 
 PARTS = ("relevance", "recency", "frequency", "importance", "penalty")

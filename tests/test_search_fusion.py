@@ -1,4 +1,4 @@
-"""Fusion of the keyword and vector lists (services.search.fuse) and the optional reranking stage."""
+"""Fusion of the keyword and vector lists (services.search.search.fuse) and the optional reranking stage."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from services.errors import BackendError
 from services.models import SearchHit
-from services.search import VECTOR_WEIGHT, Search, fuse
+from services.search.search import VECTOR_WEIGHT, Search, fuse
 
 W = VECTOR_WEIGHT
 
@@ -83,7 +83,7 @@ class FakeReranker:
 
 
 async def test_the_reranker_reorders_the_head_and_the_tail_stays_below_in_fused_order(monkeypatch):
-    monkeypatch.setattr("services.search.RERANK_DEPTH", 3)
+    monkeypatch.setattr("services.search.search.RERANK_DEPTH", 3)
     rr = FakeReranker()
     search = Search(None, None, None, {}, reranker=rr)
     assert search._rerank is not None

@@ -13,11 +13,11 @@ from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
 from services.errors import InvalidInput
-from services.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
+from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
 from services.ports import Statement
-from services.scoped import OrgVectors
-from services.thoughts import Thoughts
-from services.worker import JobWorker, reconcile_org
+from services.storage.scoped import OrgVectors
+from services.thoughts.thoughts import Thoughts
+from services.jobs.worker import JobWorker, reconcile_org
 from tests.stores import make_stores
 
 

@@ -129,7 +129,7 @@ def test_cli_does_the_same_work(tmp_path):
     # the organization has its own database: migrate reaches it, --status lists it
     assert "organizations: 1 up to date" in memex("migrate")
     status = memex("migrate", "--status")
-    from services.migrate import CONTROL_DIR, discover
+    from services.storage.migrate import CONTROL_DIR, discover
 
     n = len(discover(CONTROL_DIR))
     assert f"control: {n}/{n} applied" in status

@@ -34,7 +34,7 @@ What is copied, and how:
   so does a legacy table that neither new schema has.
 * Implicit rowids are kept (``documents``' and the other rowid tables', and the FTS rowids), as are INTEGER
   PRIMARY KEYs: ``chunks.pk`` is ``chunks_fts``' rowid and ``documents_fts_keys.pk`` is ``documents_fts``' rowid
-  (services/search.py joins on them).
+  (services/search/search.py joins on them).
 * Triggers: the new schemas keep derived rows by triggers (``documents`` inserts write ``documents_fts_keys``,
   ``documents_fts`` and ``tag_counts``; ``chunks`` inserts write ``chunks_fts``). Copying through them would
   renumber ``documents_fts_keys.pk`` and recount ``tag_counts``; so each new database's triggers are dropped
@@ -92,7 +92,7 @@ from pathlib import Path
 from typing import Any
 
 from services.errors import NotFound
-from services.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending
+from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending
 from services.ports import SqlDatabase, SqlValue, Statement, VectorIndex
 from services.storage.stores import RoutingTable, valid_org_id
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from services.migrate import ORG_DIR, apply_pending
+from services.storage.migrate import ORG_DIR, apply_pending
 from services.ports import SqlDatabase, Statement, VectorIndex
 from services.storage.stores import OrgStore, _BaseStores, _latest, valid_org_id
 

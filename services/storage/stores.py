@@ -12,9 +12,9 @@ live in a database of its own:
 
 The wall between organizations is structural: a handle reaches one organization's database and nothing
 else. Rows still carry ``organization_id`` and vectors keep their ``organization_id`` filter and id prefix
-(``services.scoped``), as defence in depth.
+(``services.storage.scoped``), as defence in depth.
 
-Each organization database is migrated with the ``org`` stream (services.migrate) when it is created, by
+Each organization database is migrated with the ``org`` stream (services.storage.migrate) when it is created, by
 ``memex migrate``, and when this process first opens it (so an upgraded service upgrades each organization on
 its first request).
 """
@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 from services.errors import NotFound
 from services.ids import now_ms
-from services.migrate import ORG_DIR, applied, apply_pending, discover
+from services.storage.migrate import ORG_DIR, applied, apply_pending, discover
 from services.ports import SqlDatabase, Statement, VectorIndex
-from services.scoped import OrgSql, OrgVectors
+from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.pool import HandlePool, PooledDatabase, PooledIndex
 
 __all__ = ["OrgStore", "OrgStores", "EmbeddedOrgStores", "RoutingTable", "OrgDatabaseStatus", "valid_org_id"]

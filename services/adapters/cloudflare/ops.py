@@ -29,9 +29,9 @@ from typing import Any
 
 from services.errors import MemexError
 from services.ids import now_ms
-from services.migrate import CONTROL_DIR, apply_pending, discover
+from services.storage.migrate import CONTROL_DIR, apply_pending, discover
 from services.ports import Embedder, SqlDatabase, VectorIndex
-from services.scoped import OrgSql, OrgVectors
+from services.storage.scoped import OrgSql, OrgVectors
 
 from .vectorize import VectorizeIndex, wait_searchable
 
@@ -400,7 +400,7 @@ async def reindex(
     label: str | None = None,
 ) -> ReindexResult:
     """Re-embed and re-upsert every chunk of ``org_id`` (resumable through ``state_dir``)."""
-    from services.worker import chunk_metadata  # the exact metadata the job worker writes
+    from services.jobs.worker import chunk_metadata  # the exact metadata the job worker writes
 
     started = time.monotonic()
     sql, vectors = OrgSql(db, org_id), OrgVectors(index, org_id)

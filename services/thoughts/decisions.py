@@ -45,8 +45,8 @@ import numpy as np
 
 from services.errors import RateLimited
 from services.ports import LLM, ChatMessage, Embedder
-from services.recent_vectors import RecentVectors
-from services.scoped import OrgSql, OrgVectors
+from services.search.recent_vectors import RecentVectors
+from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = [
     "DUPLICATE_BLOCK", "DUPLICATE_FLAG", "CANDIDATE_MIN", "Decisions", "Plan", "Similar", "validate_answer",

@@ -1,4 +1,4 @@
-"""The history of merged and replaced originals, and the links between thoughts (services.decisions).
+"""The history of merged and replaced originals, and the links between thoughts (services.thoughts.decisions).
 
 A merge or a replace moves the superseded original (and, for a merge, the incoming content) to
 ``thought_history`` under the canonical thought. Entries stay, restorable, until an explicit purge: deleting
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from services.errors import NotFound
 from services.models import CaptureResult, Decision, HistoryEntry, ThoughtHistory, ThoughtLink
-from services.scoped import OrgSql
+from services.storage.scoped import OrgSql
 
 if TYPE_CHECKING:
-    from services.thoughts import Thoughts
+    from services.thoughts.thoughts import Thoughts
 
 __all__ = ["ThoughtHistoryService", "history_of", "links_of", "DETAIL_HISTORY"]
 

@@ -16,7 +16,7 @@ the list was cut at its depth, else 0: the list was exhaustive); and the fused s
 (BEIR SciFact through the API, bench/bench_scifact.py) are next to the constants and in bench/README.md.
 
 An optional second stage (``_rerank``), only when a reranker is configured, rescores the first
-``RERANK_DEPTH`` fused hits; the ranking stage (services.ranking) caches it and applies the multipliers.
+``RERANK_DEPTH`` fused hits; the ranking stage (services.search.ranking) caches it and applies the multipliers.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from services.errors import InvalidInput
 from services.ids import now_ms
 from services.models import SearchHit, SearchResult
 from services.ports import Embedder, Reranker
-from services.ranking import Ranking
-from services.scoped import OrgSql, OrgVectors
-from services.temporal import resolve_relative
+from services.search.ranking import Ranking
+from services.storage.scoped import OrgSql, OrgVectors
+from services.text.temporal import resolve_relative
 
 __all__ = ["SearchOptions", "Search", "fts_query", "query_terms", "fuse", "KEYWORD_COVERAGE_FLOOR", "KINDS", "Candidate",
            "Hydrator", "ThoughtHydrator", "hydrate_thoughts", "MAX_TOP_K", "explain_candidate"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("services.search")  # its name before services/ was grouped by domain
 
 KINDS = ("thought", "conversation")
 #: Most results one search returns (Vectorize's own topK limit; enough for Recall@100 and client-side reranking).
@@ -82,7 +82,7 @@ def query_terms(text: str) -> list[str]:
 
 def floor_terms(text: str, reference_time: int | None = None) -> list[str]:
     """The words the relevance floor looks for: the query's content words without a relative date it names
-    ("last week", "in March": that is when, not what; services.temporal resolves it)."""
+    ("last week", "in March": that is when, not what; services.text.temporal resolves it)."""
     terms = query_terms(text)
     dated = resolve_relative(text, reference_time if reference_time is not None else now_ms())
     if dated is None:
@@ -196,7 +196,7 @@ def fuse(
 @runtime_checkable
 class Hydrator(Protocol):
     """Turns the winning candidates of one kind into hits (``ThoughtHydrator`` here; conversations register
-    ``services.conversation_search.ConversationHydrator``)."""
+    ``services.conversations.search.ConversationHydrator``)."""
 
     #: The chunk kinds it stands for (conversations: windows and single turns).
     chunk_kinds: tuple[str, ...]
@@ -223,7 +223,7 @@ class Search:
         self.vectors = vectors
         self.embedder = embedder
         self.hydrators = hydrators
-        #: recency x frequency x importance x penalty after fusion (services.ranking); None: fused order.
+        #: recency x frequency x importance x penalty after fusion (services.search.ranking); None: fused order.
         self.ranking = ranking
         self.reranker = reranker
         #: The optional second stage, None without a reranker (the fused order stands). The ranking stage runs

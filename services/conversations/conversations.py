@@ -24,9 +24,9 @@ row holds the whole text).
 
 Every message is also one chunk of kind ``turn`` (migration 0008: ``[role]: content``, ordinal and sequence range
 = its sequence), inserted in the same append batch by one statement and embedded by the same job, so search can
-score single messages by keywords and by meaning, not only windows (``services.conversation_search``). Turns
+score single messages by keywords and by meaning, not only windows (``services.conversations.search``). Turns
 never change, so re-chunking leaves them alone. A message keeps its own time: ``created_at`` (or ``ts``) given on
-append (epoch ms or ISO-8601, ``services.temporal.parse_time``), else the append's default, else now; and an
+append (epoch ms or ISO-8601, ``services.text.temporal.parse_time``), else the append's default, else now; and an
 optional ``session`` label.
 """
 
@@ -45,8 +45,8 @@ from typing import Any
 import anyio.to_thread
 import msgspec
 
-from services.compression import decode_content, encode_content
-from services.conversation_models import (
+from services.conversations.compression import decode_content, encode_content
+from services.conversations.models import (
     AppendedMessage, AppendResult, BackfillResult, Conversation, ConversationDetail, ConversationPage, Message,
     MessageIn, MessagePage, ROLES,
 )
@@ -54,9 +54,9 @@ from services.errors import BackendError, Conflict, InvalidInput, NotFound, Payl
 from services.ids import new_id, now_ms
 from services.models import IndexingState
 from services.ports import Embedder, Statement
-from services.scoped import OrgSql, OrgVectors
-from services.temporal import parse_time
-from services.thoughts import EMBED_JOB, check_metadata
+from services.storage.scoped import OrgSql, OrgVectors
+from services.text.temporal import parse_time
+from services.thoughts.thoughts import EMBED_JOB, check_metadata
 
 __all__ = [
     "WINDOW", "STRIDE", "ConversationLimits", "KeyedLocks", "Conversations", "window_starts", "chunk_windows",
@@ -299,7 +299,7 @@ class Conversations:
     async def delete(self, conversation_id: str) -> None:
         """Vectors first, then rows (messages, chunks, keyword rows, jobs, idempotency records by trigger);
         then the vectors of every chunk deleted, again: the job worker may have upserted some between the
-        first vector delete and the rows' (services.worker.drop_vanished). Nothing is left behind."""
+        first vector delete and the rows' (services.jobs.worker.drop_vanished). Nothing is left behind."""
         async with self.locks.hold((self.sql.org_id, conversation_id)):
             await self._row(conversation_id)
             ids = await self._chunk_ids(conversation_id)

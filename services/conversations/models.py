@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import msgspec
 
 from services.models import IndexingState
-from services.temporal import TimeValue
+from services.text.temporal import TimeValue
 
 __all__ = [
     "ROLES",

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.chunking import chunk_text, default_chunk_params
-from services.enrichment import enqueue_enrich
+from services.text.chunking import chunk_text, default_chunk_params
+from services.enrichment.enrichment import enqueue_enrich
 from services.errors import InvalidInput, NotFound, PayloadTooLarge
-from services.decisions import Decisions, Plan
-from services.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
+from services.thoughts.decisions import Decisions, Plan
+from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
 from services.models import CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage
 from services.ports import Embedder
-from services.scoped import OrgSql, OrgVectors
+from services.storage.scoped import OrgSql, OrgVectors
 from services.ids import new_id, now_ms
 
 __all__ = ["ThoughtLimits", "Thoughts", "EMBED_JOB", "enqueue_embed", "thought_from_row"]
@@ -29,7 +29,7 @@ __all__ = ["ThoughtLimits", "Thoughts", "EMBED_JOB", "enqueue_embed", "thought_f
 EMBED_JOB = "embed"
 log = logging.getLogger("memex.thoughts")
 
-#: Plan actions (services.decisions) as the capture response's decision.action.
+#: Plan actions (services.thoughts.decisions) as the capture response's decision.action.
 _ACTIONS = {"created": "created", "duplicate": "duplicate", "flagged": "flagged", "keep_both": "kept_both",
             "contradiction": "contradiction", "replace": "replaced", "merge": "merged"}
 
@@ -108,7 +108,7 @@ class Thoughts:
         self.on_enqueue = on_enqueue or (lambda: None)
         #: Write-time decisions (None: every new content is simply created).
         self.decisions = decisions
-        #: Records deliberate uses: ``on_use(ids, fetched=bool)`` (services.ranking, bound to the organization).
+        #: Records deliberate uses: ``on_use(ids, fetched=bool)`` (services.search.ranking, bound to the organization).
         self.on_use = on_use or (lambda ids, fetched=False: None)
 
     # -- capture ---------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class Thoughts:
         decide: bool = True,
     ) -> CaptureResult:
         """Store a thought. Idempotent on the content's SHA-256 first; then, with ``decide`` and a
-        ``Decisions``, the write-time decision (services.decisions) may block a near-duplicate, flag it, link a
+        ``Decisions``, the write-time decision (services.thoughts.decisions) may block a near-duplicate, flag it, link a
         contradiction, or replace / merge an existing thought (the new one written first, the old one moved to
         the history after). ``decide=False`` is the plain write (a restore from the history)."""
         if not isinstance(content, str) or not content.strip():
@@ -440,7 +440,7 @@ class Thoughts:
     async def delete(self, doc_id: str) -> None:
         """Vectors first, then rows: a failure leaves the thought whole (and retryable), never an orphan.
         Then the vectors again: the job worker or the enrichment may have written some between the first
-        vector delete and the rows' (services.worker.drop_vanished)."""
+        vector delete and the rows' (services.jobs.worker.drop_vanished)."""
         await self._row(doc_id)
         chunk_ids = [
             r["id"]

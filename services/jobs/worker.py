@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from services.errors import InsufficientStorage, NotFound
 from services.ids import now_ms
 from services.ports import Embedder, VectorIndex
-from services.scoped import OrgSql, OrgVectors
+from services.storage.scoped import OrgSql, OrgVectors
 
 if TYPE_CHECKING:
     from services.storage.stores import OrgStores
@@ -116,7 +116,7 @@ async def drop_vanished(sql: OrgSql, vectors: OrgVectors, ids: list[str]) -> int
 
 async def enrich_without_llm(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
     """The default ``enrich`` handler: the deterministic enrichment (the wiring installs the model-backed one)."""
-    from services.enrichment import Enricher  # it imports this module
+    from services.enrichment.enrichment import Enricher  # it imports this module
 
     await Enricher(sql, vectors, None).enrich(job.target_id)
 

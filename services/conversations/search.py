@@ -13,7 +13,7 @@ turn, or any message of a retrieved window) is scored::
 retrieved); ``window(t)``: the best fused score of a retrieved window holding t; ``local(t)``: the
 no-model pinpointing below (BM25 over the candidate messages + trigram closeness + user prior), which breaks
 ties among the messages of a window found by meaning alone. A resolved relative date in the query ("last
-week", "in March", ``services.temporal``) multiplies the score of a message said in that range by
+week", "in March", ``services.text.temporal``) multiplies the score of a message said in that range by
 ``1 + W_DATE`` (a boost, never a filter); ``from`` / ``to`` are hard filters on the message's own
 ``created_at``.
 
@@ -58,15 +58,15 @@ from typing import Any
 
 import msgspec
 
-from services.compression import decode_content
+from services.conversations.compression import decode_content
 
-from services.conversations import format_line, message_from_row
+from services.conversations.conversations import format_line, message_from_row
 from services.errors import NotFound
 from services.ids import now_ms
 from services.models import SearchHit
-from services.scoped import OrgSql
-from services.search import explain_candidate
-from services.temporal import resolve_relative
+from services.storage.scoped import OrgSql
+from services.search.search import explain_candidate
+from services.text.temporal import resolve_relative
 
 __all__ = ["ConversationHydrator", "score_messages", "terms"]
 
@@ -189,7 +189,7 @@ def _best(bm25: _Bm25, messages: list[dict[str, Any]], docs: list[list[str]], q_
 
 
 class ConversationHydrator:
-    """The ``conversation`` hydrator of ``services.search.Search`` (stateless; one per service)."""
+    """The ``conversation`` hydrator of ``services.search.search.Search`` (stateless; one per service)."""
 
     #: Keep every candidate chunk (the search collapses other kinds to one hit per parent).
     collapse_per_parent = False

@@ -32,17 +32,17 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from services.chunking import chunk_text, default_chunk_params
-from services.compression import encode_content
-from services.conversations import STRIDE, WINDOW, ConversationLimits, format_line, message_from_row, window_starts
-from services.enrichment import ENRICH_JOB
+from services.text.chunking import chunk_text, default_chunk_params
+from services.conversations.compression import encode_content
+from services.conversations.conversations import STRIDE, WINDOW, ConversationLimits, format_line, message_from_row, window_starts
+from services.enrichment.enrichment import ENRICH_JOB
 from services.errors import Conflict, InvalidInput, PayloadTooLarge
 from services.ids import new_id, now_ms
-from services.migrate import ORG_DIR, discover
+from services.storage.migrate import ORG_DIR, discover
 from services.ports import Embedder, Statement
-from services.scoped import OrgSql, OrgVectors
-from services.temporal import MAX_MS
-from services.thoughts import ThoughtLimits, check_metadata, enqueue_embed
+from services.storage.scoped import OrgSql, OrgVectors
+from services.text.temporal import MAX_MS
+from services.thoughts.thoughts import ThoughtLimits, check_metadata, enqueue_embed
 
 __all__ = [
     "BUNDLE_TYPE", "BUNDLE_VERSION", "MEDIA_TYPE", "RECORD_TYPES", "MAX_LINE_BYTES", "BundleCounts",
@@ -678,7 +678,7 @@ class BundleImport:
             r.id, r.content, digest, r.source, meta, r.summary, self._tags(r.tags), r.importance, r.enrichment_state,
             r.enriched_at, r.recall_count, r.use_weight, r.use_count, r.last_used_at, r.created_at, r.updated_at,
         ))
-        # The capture's chunks (services.thoughts), in one statement; their keyword rows follow by trigger.
+        # The capture's chunks (services.thoughts.thoughts), in one statement; their keyword rows follow by trigger.
         b.stmts.append(self.sql.stmt(
             "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
             "SELECT ?1, json_extract(c.value, '$[0]'), 'thought', ?2, json_extract(c.value, '$[1]'), "
@@ -747,7 +747,7 @@ class BundleImport:
         meta = self._metadata(number, r.metadata, self.conversation_limits.max_metadata_bytes)
         conv.seen = r.sequence
         conv.tail.append((r.sequence, r.role, r.content))
-        # Windows of WINDOW messages with stride STRIDE (services.conversations): each written once, final.
+        # Windows of WINDOW messages with stride STRIDE (services.conversations.conversations): each written once, final.
         windows = []
         start = r.sequence - WINDOW + 1
         if start >= 1 and (start - 1) % STRIDE == 0:
@@ -891,7 +891,7 @@ class BundleImport:
 
     async def _rollback(self) -> None:
         """Delete what the journal lists: rows first (chunks, messages, keyword rows, links, jobs and tag counts
-        follow by trigger), then the vectors of the chunks deleted (services.worker.drop_vanished's rule)."""
+        follow by trigger), then the vectors of the chunks deleted (services.jobs.worker.drop_vanished's rule)."""
         if not self.journal.size:
             return
         log.info("import into %s refused: rolling back the %d records it wrote", self.sql.org_id, self.journal.size)

@@ -1,7 +1,7 @@
 """Vectors computed at capture, kept in process for a few minutes: reused by the embedding job and compared
 by the write-time decisions while the index may not show them yet.
 
-A capture embeds its thought's first chunk once (services.decisions). The vector is remembered here under
+A capture embeds its thought's first chunk once (services.thoughts.decisions). The vector is remembered here under
 (organization, SHA-256 of the chunk text):
 
 * the embedding job's embedder (``OrgCachedEmbedder``) takes it instead of running the model again, so the
@@ -11,7 +11,7 @@ A capture embeds its thought's first chunk once (services.decisions). The vector
   not run, or Vectorize has not applied the write).
 
 Entries are per organization (a cache hit must not tell one tenant what another captured), bounded in number
-and age. Process-local: several instances do not see each other's entries (see services.decisions).
+and age. Process-local: several instances do not see each other's entries (see services.thoughts.decisions).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class OrgCachedEmbedder:
 
 def cached_embed_handler(recent: RecentVectors):
     """The ``embed`` job handler that takes the vectors computed at capture from ``recent``."""
-    from services.worker import embed_parent
+    from services.jobs.worker import embed_parent
 
     async def handler(sql, vectors, embedder, job) -> None:
         await embed_parent(sql, vectors, OrgCachedEmbedder(embedder, recent, sql.org_id), job)

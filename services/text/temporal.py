@@ -10,7 +10,7 @@ as milliseconds would silently date the message to January 1970.
 it names, relative to a reference time (UTC days): ``today``, ``yesterday``, ``this/last/past week``,
 ``this/last/past month``, ``this/last year``, ``N days/weeks/months ago``, ``last weekend``, ``last <weekday>``,
 ``in/during <Month> [year]``, ``<Month> <year>``, ``in <year>``. Search uses it as a soft boost (see
-``services.conversation_search``), never as a filter: a query's words are not a promise about timestamps.
+``services.conversations.search``), never as a filter: a query's words are not a promise about timestamps.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def _default_dir() -> Path:
     spec = importlib.util.find_spec("memex_migrations")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[1] / "migrations"
+    return Path(__file__).resolve().parents[2] / "migrations"
 
 
 MIGRATIONS_DIR = Path(os.environ.get("MEMEX_MIGRATIONS_DIR") or _default_dir())

@@ -34,7 +34,7 @@ from typing import Any
 
 from services.errors import RateLimited
 from services.ports import LLM, ChatMessage, LLMResult
-from services.scoped import OrgSql
+from services.storage.scoped import OrgSql
 
 __all__ = ["LLMBudget", "BudgetExceeded", "BudgetedLLM", "estimate_tokens", "utc_day"]
 

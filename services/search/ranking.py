@@ -1,10 +1,10 @@
 """Ranking after fusion (memory-layer-lessons): relevance x recency x frequency x importance x penalty.
 
-Applied by ``services.search.Search`` on the hydrated hits, after fusion and the per-parent de-duplication
+Applied by ``services.search.search.Search`` on the hydrated hits, after fusion and the per-parent de-duplication
 (over-fetched by 3), after the optional reranker, before the top-k cut. Relevance decides; the other
 factors are bounded multipliers that reorder near-ties and cannot lift a weak match over a clearly better one:
 
-* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search), or the
+* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search.search), or the
   reranker's score when a reranker ran.
 * recency: ``1 - RECENCY_SPAN * (1 - 0.5 ** (age / half_life))``, in [0.92, 1.0]: 1.0 now, 0.96 after one
   half-life, 0.92 for the very old. Half-lives by class: 7 days for a task, 90 for work, 180 for context; the
@@ -55,7 +55,7 @@ from typing import Any
 
 from services.ids import now_ms
 from services.models import SearchHit
-from services.scoped import OrgSql
+from services.storage.scoped import OrgSql
 
 __all__ = [
     "RankingConfig", "Ranking", "UseRecorder", "RerankCache", "recency", "frequency", "importance",

@@ -42,11 +42,11 @@ import msgspec
 
 from services.errors import InvalidInput
 from services.ids import now_ms
-from services.llm_budget import BudgetedLLM, BudgetExceeded
+from services.enrichment.llm_budget import BudgetedLLM, BudgetExceeded
 from services.ports import ChatMessage, Statement
-from services.scoped import OrgSql, OrgVectors
-from services.tagging import SUMMARY_MAX, canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags
-from services.worker import chunk_metadata, drop_vanished
+from services.storage.scoped import OrgSql, OrgVectors
+from services.enrichment.tagging import SUMMARY_MAX, canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags
+from services.jobs.worker import chunk_metadata, drop_vanished
 
 __all__ = [
     "ENRICH_JOB",
