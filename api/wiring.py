@@ -27,7 +27,8 @@ from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankC
 from services.search.recent_vectors import RecentVectors, cached_embed_handler
 from services.search.search import Hydrator, Search, hydrate_thoughts
 from services.thoughts.thoughts import ThoughtLimits, Thoughts
-from services.jobs.worker import JobWorker, reconcile_org
+from services.jobs.worker import JobWorker
+from services.search.indexing import EMBED_JOB, reconcile_org
 from tenancy.addresses import ClientAddresses
 from tenancy.auth import AuthLimits, Authenticator
 from tenancy.bindings import OrgBindings
@@ -224,8 +225,11 @@ class Memex:
         self.signup_limit = Limit("signup", settings.signup_rate_per_hour, 3600)
         self.llm_budget = LLMBudget(calls_per_day=settings.llm_calls_per_day, tokens_per_day=settings.llm_tokens_per_day)
         self.enrichment_config = EnrichmentConfig(vocabulary_size=settings.enrich_vocabulary_size)
+        # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
+        self.recent_vectors = RecentVectors()
         self.worker = JobWorker(self.stores, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
-                                handlers={ENRICH_JOB: enrich_job_handler(self.enricher)},
+                                handlers={EMBED_JOB: cached_embed_handler(self.recent_vectors),
+                                          ENRICH_JOB: enrich_job_handler(self.enricher)},
                                 async_index=self.backend.async_index)
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes
@@ -234,9 +238,6 @@ class Memex:
         self.conversation_locks = KeyedLocks()  # appends to one conversation queue here, per process
         self.conversation_limits = ConversationLimits(max_metadata_bytes=settings.max_metadata_bytes)
         self.hydrators["conversation"] = ConversationHydrator()
-        # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
-        self.recent_vectors = RecentVectors()
-        self.worker.handlers["embed"] = cached_embed_handler(self.recent_vectors)
         self._hinted: dict[str, float] = {}
         self._hint_tasks: set[asyncio.Task] = set()
         self.ranking = Ranking(config=ranking_config(settings), uses=UseRecorder(self.org_sql),

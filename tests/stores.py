@@ -9,6 +9,9 @@ from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
 from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.ports import Embedder, SqlDatabase
+from services.enrichment.enrichment import Enricher, enrich_job_handler
+from services.jobs.worker import Handler
+from services.search.indexing import embed_parent
 from services.storage.stores import EmbeddedOrgStores
 
 
@@ -37,3 +40,10 @@ async def add_org(control: SqlDatabase, stores: EmbeddedOrgStores, org: str) -> 
                   (org, org.replace("_", "-"), org)),
         route,
     ])
+
+
+def job_handlers(**overrides: Handler) -> dict[str, Handler]:
+    """The job handlers a worker in these tests runs: the embedding job and the enrichment without a model
+    (the composition root registers the same two kinds)."""
+    return {"embed": embed_parent, "enrich": enrich_job_handler(lambda sql, vectors: Enricher(sql, vectors, None)),
+            **overrides}

@@ -29,7 +29,7 @@ from services.adapters.sqlite import SqliteDatabase
 from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
 from services.ports import Statement, Vector
 from services.storage import convert
-from services.jobs.worker import chunk_metadata
+from services.search.indexing import chunk_metadata
 from tenancy.keys import KeyManager
 from tests.live import serve
 

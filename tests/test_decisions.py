@@ -18,7 +18,7 @@ from services.storage.stores import EmbeddedOrgStores, OrgStore
 from services.thoughts.thoughts import Thoughts
 from services.jobs.worker import JobWorker
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM, basis, near
-from tests.stores import make_stores
+from tests.stores import job_handlers, make_stores
 
 OLD = "The team offsite is in Lisbon in the first week of May."
 NEW = "The team offsite moved to Porto for the first week of May."
@@ -484,7 +484,7 @@ async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp
     sql, vec = store.sql, store.vectors
     t = Thoughts(sql, vec, emb, decisions=Decisions(sql, vec, emb, lexical_gate=True))
     first = await t.capture("The quarterly planning offsite moves to the Lisbon office in March.")
-    await JobWorker(stores, emb).drain()
+    await JobWorker(stores, emb, handlers=job_handlers()).drain()
     before = CountingEmbedder.calls
     novel = await t.capture("Sourdough starters need feeding twice daily with rye flour.")
     assert novel.decision.action == "created" and CountingEmbedder.calls == before  # no model run on the request path

@@ -70,7 +70,7 @@ async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(t
     from services.storage.stores import EmbeddedOrgStores
     from services.thoughts.thoughts import Thoughts
     from services.jobs.worker import JobWorker
-    from tests.stores import add_org
+    from tests.stores import add_org, job_handlers
 
     emb = HashEmbedder()
     control = SqliteDatabase(tmp_path / "control.sqlite3")
@@ -82,7 +82,7 @@ async def test_the_worker_pauses_on_a_full_index_and_drains_when_space_returns(t
 
     stores = EmbeddedOrgStores(control, tmp_path, dimensions=emb.dimensions,
                                open_database=lambda path: SqliteDatabase(path, readers=2), open_index=open_index)
-    worker = JobWorker(stores, emb, poll_seconds=0.05)
+    worker = JobWorker(stores, emb, handlers=job_handlers(), poll_seconds=0.05)
     try:
         await apply_pending(control, CONTROL_DIR)
         await add_org(control, stores, "org_full")

@@ -33,7 +33,8 @@ from services.storage.scoped import OrgSql, OrgVectors
 from services.enrichment.tagging import (
     canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags, normalize_tag,
 )
-from services.jobs.worker import Job, embed_parent
+from services.jobs.worker import Job
+from services.search.indexing import embed_parent
 from tenancy.models import AuthContext
 from tests.conftest import assert_error, provision_emulator, signup, start_live
 from tests.live import serve

@@ -15,7 +15,7 @@ import pytest
 from services.adapters.hash_embedder import HashEmbedder
 from services.errors import NotFound
 from services.storage.migrate import ORG_DIR, applied, discover
-from tests.stores import add_org, make_stores
+from tests.stores import add_org, job_handlers, make_stores
 
 
 def _open_files(tmp_path) -> int:
@@ -135,7 +135,7 @@ async def test_one_full_organization_does_not_stop_the_others_jobs(tmp_path):
         return await real_execute(sql, params)
 
     full.db.execute = execute  # org_a's database refuses writes to its job table, as a full one would
-    worker = JobWorker(stores, emb, poll_seconds=0.05)
+    worker = JobWorker(stores, emb, handlers=job_handlers(), poll_seconds=0.05)
     worker.start()
     try:
         assert await _indexed(ok.sql, tid_b)  # org_b's job ran although org_a's cannot

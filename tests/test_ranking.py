@@ -20,7 +20,7 @@ from services.search.ranking import (
 from services.search.search import Search, SearchOptions, hydrate_thoughts
 from services.thoughts.thoughts import Thoughts
 from services.jobs.worker import JobWorker
-from tests.stores import make_stores
+from tests.stores import job_handlers, make_stores
 
 PARTS = ("relevance", "recency", "frequency", "importance", "penalty")
 
@@ -132,7 +132,7 @@ async def env(tmp_path):
         "bakery": "The bakery on the corner sells rye bread on Saturdays only.",
     }.items():
         e.ids[name] = (await e.thoughts.capture(text)).id
-    await JobWorker(stores, emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(stores, emb, handlers=job_handlers(enrich=_noop)).drain()
     yield e
     await stores.close()
     await control.close()
@@ -201,7 +201,7 @@ async def test_multipliers_never_lift_a_weak_match_over_a_clearly_better_one(env
 async def test_recency_reorders_near_ties(env):
     a = (await env.thoughts.capture("The harbour ferry leaves pier two at nine.")).id
     b = (await env.thoughts.capture("The harbour ferry leaves pier two at nine!")).id
-    await JobWorker(env.stores, env.emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(env.stores, env.emb, handlers=job_handlers(enrich=_noop)).drain()
     await env.set(a, updated_at=int(time.time() * 1000) - 365 * DAY_MS)
     order = [h.document_id for h in await env.run("harbour ferry leaves pier two at nine")]
     assert order.index(b) < order.index(a)
@@ -215,7 +215,7 @@ async def test_short_and_rolled_up_entries_are_penalised(env):
     short = (await env.thoughts.capture("harbour ferry")).id
     rollup = (await env.thoughts.capture("Weekly digest: harbour ferry timetable, ferry tickets, bakery rye bread.",
                                          metadata={"rollup": True})).id
-    await JobWorker(env.stores, env.emb, handlers={"enrich": _noop}).drain()
+    await JobWorker(env.stores, env.emb, handlers=job_handlers(enrich=_noop)).drain()
     hits = _by_doc(await env.run("harbour ferry"))
     assert hits[short].explain["penalty"] == pytest.approx(0.85) and hits[short].explain["penalties"] == ["short"]
     assert hits[rollup].explain["penalty"] == pytest.approx(0.8) and hits[rollup].explain["penalties"] == ["rollup"]

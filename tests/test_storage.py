@@ -17,8 +17,9 @@ from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pen
 from services.ports import Statement
 from services.storage.scoped import OrgVectors
 from services.thoughts.thoughts import Thoughts
-from services.jobs.worker import JobWorker, reconcile_org
-from tests.stores import make_stores
+from services.jobs.worker import JobWorker
+from services.search.indexing import reconcile_org
+from tests.stores import job_handlers, make_stores
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ async def test_jobs_survive_a_restart_and_finish(env):
     assert res.indexing.state == "pending"
     # the service "crashes" before the worker ran: a new worker (new process) finds the job in the
     # organization's database and runs it
-    worker = JobWorker(stores, emb)
+    worker = JobWorker(stores, emb, handlers=job_handlers())
     await worker.drain()
     assert (await t.get(res.id)).indexing.state == "indexed"
     for org in ("org_a", "org_b"):
@@ -152,7 +153,7 @@ async def test_a_failing_embedder_is_retried_with_backoff(tmp_path):
     t = await _thoughts(stores, emb)
     res = await t.capture("note that needs two tries")
     db = (await stores.open("org_a")).db
-    worker = JobWorker(stores, emb)
+    worker = JobWorker(stores, emb, handlers=job_handlers())
     await worker.scan()  # a new worker finds the queued job
     await worker.run_once()
     row = (await db.execute("SELECT state, attempts, last_error, run_after FROM jobs")).rows[0]
@@ -170,7 +171,7 @@ async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
     _, stores, emb = env
     t = await _thoughts(stores, emb)
     res = await t.capture("the lighthouse keeper logs the weather at dawn")
-    await JobWorker(stores, emb).drain()
+    await JobWorker(stores, emb, handlers=job_handlers()).drain()
     await stores.close()  # the service stops; the organization's vector file is lost
     path = tmp_path / "orgs" / "org_a" / "vectors.sqlite3"
     assert path.exists()
@@ -180,7 +181,7 @@ async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
     sql, vec = store.sql, store.vectors
     assert await reconcile_org(sql, vec, store.index) == (1, 0)
     assert (await t.get(res.id)).indexing.state == "pending"
-    await JobWorker(stores, emb).drain()
+    await JobWorker(stores, emb, handlers=job_handlers()).drain()
     q = (await emb.embed(["lighthouse keeper weather"]))[0]
     assert [m.metadata["parent_id"] for m in await vec.query(q, top_k=1, return_metadata=True)] == [res.id]
     # a stray vector with no rows behind it is removed
@@ -201,6 +202,6 @@ async def test_a_chunk_deleted_while_embedding_leaves_no_vector(env):
             return out
 
     res = await t.capture("short lived note")
-    await JobWorker(stores, DeletingEmbedder()).drain()
+    await JobWorker(stores, DeletingEmbedder(), handlers=job_handlers()).drain()
     assert await store.vectors.query((await emb.embed(["short lived note"]))[0], top_k=5) == []
     assert await store.index.ids_in_namespace("org_a") == set() and res.id  # no vector at all in its file

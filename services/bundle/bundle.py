@@ -42,7 +42,8 @@ from services.storage.migrate import ORG_DIR, discover
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.temporal import MAX_MS
-from services.thoughts.thoughts import ThoughtLimits, check_metadata, enqueue_embed
+from services.search.indexing import enqueue_embed
+from services.thoughts.thoughts import ThoughtLimits, check_metadata
 
 __all__ = [
     "BUNDLE_TYPE", "BUNDLE_VERSION", "MEDIA_TYPE", "RECORD_TYPES", "MAX_LINE_BYTES", "BundleCounts",
@@ -891,7 +892,7 @@ class BundleImport:
 
     async def _rollback(self) -> None:
         """Delete what the journal lists: rows first (chunks, messages, keyword rows, links, jobs and tag counts
-        follow by trigger), then the vectors of the chunks deleted (services.jobs.worker.drop_vanished's rule)."""
+        follow by trigger), then the vectors of the chunks deleted (services.search.indexing.drop_vanished's rule)."""
         if not self.journal.size:
             return
         log.info("import into %s refused: rolling back the %d records it wrote", self.sql.org_id, self.journal.size)

@@ -56,7 +56,8 @@ from services.models import IndexingState
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.temporal import parse_time
-from services.thoughts.thoughts import EMBED_JOB, check_metadata
+from services.search.indexing import EMBED_JOB
+from services.thoughts.thoughts import check_metadata
 
 __all__ = [
     "WINDOW", "STRIDE", "ConversationLimits", "KeyedLocks", "Conversations", "window_starts", "chunk_windows",
@@ -299,7 +300,7 @@ class Conversations:
     async def delete(self, conversation_id: str) -> None:
         """Vectors first, then rows (messages, chunks, keyword rows, jobs, idempotency records by trigger);
         then the vectors of every chunk deleted, again: the job worker may have upserted some between the
-        first vector delete and the rows' (services.jobs.worker.drop_vanished). Nothing is left behind."""
+        first vector delete and the rows' (services.search.indexing.drop_vanished). Nothing is left behind."""
         async with self.locks.hold((self.sql.org_id, conversation_id)):
             await self._row(conversation_id)
             ids = await self._chunk_ids(conversation_id)

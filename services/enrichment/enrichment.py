@@ -46,7 +46,7 @@ from services.enrichment.llm_budget import BudgetedLLM, BudgetExceeded
 from services.ports import ChatMessage, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.enrichment.tagging import SUMMARY_MAX, canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags
-from services.jobs.worker import chunk_metadata, drop_vanished
+from services.search.indexing import chunk_metadata, drop_vanished
 
 __all__ = [
     "ENRICH_JOB",

@@ -2,10 +2,10 @@
 
 Jobs are claimed with one UPDATE ... RETURNING (a lease, so several instances can drain one table), run,
 and marked done in the same batch that records their effect. A failed job is retried with exponential
-backoff; a crash mid-job leaves the lease to expire and the job to be claimed again. Embedding jobs embed
-a parent's pending chunks, upsert their vectors, then mark them indexed; a chunk deleted meanwhile has its
-fresh vector deleted again, so no vector outlives its rows (see ``drop_vanished`` for the rule every vector
-writer and every deleter follows).
+backoff; a crash mid-job leaves the lease to expire and the job to be claimed again. The worker knows no job
+kind: it runs the handler registered for the job's kind (``handlers``; the composition root registers the
+embedding job of ``services.search.indexing`` and the enrichment job of ``services.enrichment``). A job whose
+kind has no handler fails (and is retried, like any failure).
 
 A full disk (``InsufficientStorage``) is not a job failure: the worker puts the batch's jobs back (their
 attempt not counted), pauses, and probes again every few seconds (or at once when woken by a capture); when
@@ -20,22 +20,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from services.errors import InsufficientStorage, NotFound
 from services.ids import now_ms
-from services.ports import Embedder, VectorIndex
+from services.ports import Embedder
 from services.storage.scoped import OrgSql, OrgVectors
+from services.storage.stores import OrgStores
 
-if TYPE_CHECKING:
-    from services.storage.stores import OrgStores
-
-__all__ = ["Job", "JobWorker", "embed_parent", "reconcile_org", "chunk_metadata", "drop_vanished"]
+__all__ = ["Job", "Handler", "JobWorker"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 8
-EMBED_BATCH = 64
 #: While the disk is full the worker probes again after 0.5 s, doubling up to this.
 PAUSE_MAX_SECONDS = 5.0
 
@@ -52,119 +48,6 @@ class Job:
 Handler = Callable[[OrgSql, OrgVectors, Embedder, Job], Awaitable[None]]
 
 
-async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
-    """Embed every pending chunk of one parent (thought or conversation) and index it."""
-    while True:
-        rows = await sql.rows(  # with the parent thought's tags, for the vector metadata
-            "SELECT c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, d.tags AS tags "
-            "FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' AND d.organization_id = c.organization_id "
-            "AND d.id = c.parent_id "
-            "WHERE c.organization_id = ?1 AND c.parent_id = ?2 AND c.indexed_at IS NULL ORDER BY c.ordinal LIMIT ?3",
-            [job.target_id, EMBED_BATCH],
-        )
-        if not rows:
-            return
-        values = await embedder.embed([r["content"] for r in rows])
-        mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
-        # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
-        pending = mutation if vectors.index.applies_writes_later else None
-        ids = [r["id"] for r in rows]
-        res = await sql.execute(
-            "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
-            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))",
-            [now_ms(), pending, json.dumps(ids)],
-        )
-        if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
-            await drop_vanished(sql, vectors, ids)
-        elif any(r["kind"] == "thought" and not r["tags"] for r in rows):
-            await _late_tags(sql, vectors, rows, values)
-        if len(rows) < EMBED_BATCH:
-            return
-
-
-async def _late_tags(sql: OrgSql, vectors: OrgVectors, rows: list[dict], values) -> None:
-    """The thought had no tags when we read its chunks: if its enrichment landed meanwhile (and so saw these
-    chunks unindexed), write the vectors again with the tags (the values are in hand)."""
-    doc = await sql.one("SELECT tags FROM documents WHERE organization_id = ?1 AND id = ?2", [rows[0]["parent_id"]])
-    if doc and doc["tags"]:
-        await vectors.upsert([(r["id"], values[i], chunk_metadata({**r, "tags": doc["tags"]})) for i, r in enumerate(rows)])
-        await drop_vanished(sql, vectors, [r["id"] for r in rows])  # the thought may have been deleted meanwhile
-
-
-async def drop_vanished(sql: OrgSql, vectors: OrgVectors, ids: list[str]) -> int:
-    """After writing vectors of ``ids``: delete the vectors of those whose chunk rows are gone.
-
-    The rule that keeps deleted content out of the index, whatever runs concurrently: a writer upserts
-    first and checks the rows after (this); a deleter deletes the rows first and the vectors after. Index
-    writes apply in the order they are issued, so either the writer's check sees the rows gone and deletes
-    its vectors, or the check ran before the rows were deleted, hence the upsert too, and the deleter's
-    vector delete (issued later) removes them. Returns how many vectors were dropped."""
-    if not ids:
-        return 0
-    alive = {
-        r["id"]
-        for r in await sql.rows(
-            "SELECT id FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-            [json.dumps(list(ids))],
-        )
-    }
-    gone = [i for i in ids if i not in alive]
-    if gone:
-        await vectors.delete_by_ids(gone)
-    return len(gone)
-
-
-async def enrich_without_llm(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
-    """The default ``enrich`` handler: the deterministic enrichment (the wiring installs the model-backed one)."""
-    from services.enrichment.enrichment import Enricher  # it imports this module
-
-    await Enricher(sql, vectors, None).enrich(job.target_id)
-
-
-def chunk_metadata(row: dict) -> dict:
-    """The metadata stored with a chunk's vector (kind and parent_id are indexed for filtering)."""
-    md = {"kind": row["kind"], "parent_id": row["parent_id"], "ordinal": row["ordinal"]}
-    if row.get("start_sequence") is not None:
-        md["start_sequence"] = row["start_sequence"]
-        md["end_sequence"] = row["end_sequence"]
-    if row.get("tags"):  # the parent thought's tags (JSON text from the documents row), for filtering
-        md["tags"] = json.loads(row["tags"]) if isinstance(row["tags"], str) else list(row["tags"])
-    return md
-
-
-async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) -> tuple[int, int]:
-    """Make the vector index agree with the SQL store for one organization (for indexes that can list a
-    namespace; nothing for the others). Returns (chunks re-queued, stray vectors deleted)."""
-    listed = await index.ids_in_namespace(sql.org_id)
-    if listed is None:
-        return (0, 0)
-    in_index = {i.split(":", 1)[1] for i in listed if i.startswith(sql.org_id + ":")}
-    rows = await sql.rows("SELECT id, parent_id, indexed_at FROM chunks WHERE organization_id = ?1")
-    known = {r["id"] for r in rows}
-    missing = [r for r in rows if r["indexed_at"] is not None and r["id"] not in in_index]
-    stray = [i for i in in_index if i not in known]
-    if stray:
-        await vectors.delete_by_ids(stray)
-    if missing:
-        parents = sorted({r["parent_id"] for r in missing})
-        now = now_ms()
-        stmts = [
-            sql.stmt(
-                "UPDATE chunks SET indexed_at = NULL WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-                json.dumps([r["id"] for r in missing]),
-            )
-        ]
-        stmts += [
-            sql.stmt(
-                "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?1, 'embed', ?2, ?3, ?3)",
-                p, now,
-            )
-            for p in parents
-        ]
-        await sql.batch(stmts)
-    return (len(missing), len(stray))
-
-
 class JobWorker:
     """Drains every organization's job table (each organization's jobs live in its own database).
 
@@ -175,10 +58,10 @@ class JobWorker:
 
     def __init__(
         self,
-        stores: "OrgStores",
+        stores: OrgStores,
         embedder: Embedder,
         *,
-        handlers: dict[str, Handler] | None = None,
+        handlers: dict[str, Handler],
         poll_seconds: float = 1.0,
         max_idle_seconds: float = 30.0,
         batch: int = 16,
@@ -186,7 +69,8 @@ class JobWorker:
     ) -> None:
         self.stores = stores
         self.embedder = embedder
-        self.handlers: dict[str, Handler] = {"embed": embed_parent, "enrich": enrich_without_llm, **(handlers or {})}
+        #: Job kind -> what runs it (``handler(sql, vectors, embedder, job)``).
+        self.handlers: dict[str, Handler] = dict(handlers)
         self.poll_seconds = poll_seconds
         self.batch = batch
         self._wake = asyncio.Event()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.ports import Embedder
+from services.search.indexing import embed_parent
 
 __all__ = ["RecentVectors", "OrgCachedEmbedder", "cached_embed_handler", "text_key"]
 
@@ -134,7 +135,6 @@ class OrgCachedEmbedder:
 
 def cached_embed_handler(recent: RecentVectors):
     """The ``embed`` job handler that takes the vectors computed at capture from ``recent``."""
-    from services.jobs.worker import embed_parent
 
     async def handler(sql, vectors, embedder, job) -> None:
         await embed_parent(sql, vectors, OrgCachedEmbedder(embedder, recent, sql.org_id), job)

@@ -21,12 +21,12 @@ from services.thoughts.decisions import Decisions, Plan
 from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
 from services.models import CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage
 from services.ports import Embedder
+from services.search.indexing import EMBED_JOB, enqueue_embed
 from services.storage.scoped import OrgSql, OrgVectors
 from services.ids import new_id, now_ms
 
-__all__ = ["ThoughtLimits", "Thoughts", "EMBED_JOB", "enqueue_embed", "thought_from_row"]
+__all__ = ["ThoughtLimits", "Thoughts", "thought_from_row"]
 
-EMBED_JOB = "embed"
 log = logging.getLogger("memex.thoughts")
 
 #: Plan actions (services.thoughts.decisions) as the capture response's decision.action.
@@ -46,18 +46,6 @@ class ThoughtLimits:
     max_content_bytes: int = 256 * 1024
     max_metadata_bytes: int = 16 * 1024
     max_source_chars: int = 500
-
-
-def enqueue_embed(sql: OrgSql, parent_id: str, now: int, *, only_if_parent_in: str):
-    """The statement that queues an embedding job for ``parent_id`` (only while the parent exists)."""
-    return sql.stmt(
-        "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) "
-        f"SELECT ?1, ?2, ?3, ?4, ?4 WHERE EXISTS (SELECT 1 FROM {only_if_parent_in} "
-        "WHERE organization_id = ?1 AND id = ?3)",
-        EMBED_JOB,
-        parent_id,
-        now,
-    )
 
 
 def thought_from_row(r: dict[str, Any]) -> Thought:
@@ -440,7 +428,7 @@ class Thoughts:
     async def delete(self, doc_id: str) -> None:
         """Vectors first, then rows: a failure leaves the thought whole (and retryable), never an orphan.
         Then the vectors again: the job worker or the enrichment may have written some between the first
-        vector delete and the rows' (services.jobs.worker.drop_vanished)."""
+        vector delete and the rows' (services.search.indexing.drop_vanished)."""
         await self._row(doc_id)
         chunk_ids = [
             r["id"]

@@ -400,7 +400,7 @@ async def reindex(
     label: str | None = None,
 ) -> ReindexResult:
     """Re-embed and re-upsert every chunk of ``org_id`` (resumable through ``state_dir``)."""
-    from services.jobs.worker import chunk_metadata  # the exact metadata the job worker writes
+    from services.search.indexing import chunk_metadata  # the exact metadata the job worker writes
 
     started = time.monotonic()
     sql, vectors = OrgSql(db, org_id), OrgVectors(index, org_id)
