@@ -1,10 +1,14 @@
-"""Domain values the services return (msgspec Structs, also used as the API's read models)."""
+"""Domain values the services return (msgspec Structs, also used as the API's read models), and the rule for the
+free-form ``metadata`` object a thought, a conversation or a message carries (``check_metadata``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 import msgspec
+
+from services.errors import InvalidInput, PayloadTooLarge
 
 __all__ = [
     "ChunkView",
@@ -20,6 +24,7 @@ __all__ = [
     "HistoryEntry",
     "ThoughtHistory",
     "ThoughtLink",
+    "check_metadata",
 ]
 
 
@@ -168,3 +173,16 @@ class SearchHit(msgspec.Struct, kw_only=True, omit_defaults=True):
 class SearchResult(msgspec.Struct, kw_only=True):
     query: str
     results: list[SearchHit]
+
+
+def check_metadata(metadata: Any, limit: int) -> str:
+    """``metadata`` as the JSON text stored (``{}`` for None); refused unless it is an object of at most ``limit``
+    bytes."""
+    if metadata is None:
+        return "{}"
+    if not isinstance(metadata, dict):
+        raise InvalidInput("metadata must be a JSON object", details={"field": "metadata"})
+    encoded = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
+    if len(encoded.encode()) > limit:
+        raise PayloadTooLarge(f"metadata is larger than {limit} bytes", details={"field": "metadata", "limit": limit})
+    return encoded

@@ -38,12 +38,13 @@ from services.conversations.conversations import STRIDE, WINDOW, ConversationLim
 from services.enrichment.enrichment import ENRICH_JOB
 from services.errors import Conflict, InvalidInput, PayloadTooLarge
 from services.ids import new_id, now_ms
+from services.models import check_metadata
 from services.storage.migrate import ORG_DIR, discover
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.temporal import MAX_MS
 from services.search.indexing import enqueue_embed
-from services.thoughts.thoughts import ThoughtLimits, check_metadata
+from services.thoughts.thoughts import ThoughtLimits
 
 __all__ = [
     "BUNDLE_TYPE", "BUNDLE_VERSION", "MEDIA_TYPE", "RECORD_TYPES", "MAX_LINE_BYTES", "BundleCounts",

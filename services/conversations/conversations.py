@@ -52,12 +52,11 @@ from services.conversations.models import (
 )
 from services.errors import BackendError, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from services.ids import new_id, now_ms
-from services.models import IndexingState
+from services.models import IndexingState, check_metadata
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.temporal import parse_time
 from services.search.indexing import EMBED_JOB
-from services.thoughts.thoughts import check_metadata
 
 __all__ = [
     "WINDOW", "STRIDE", "ConversationLimits", "KeyedLocks", "Conversations", "window_starts", "chunk_windows",

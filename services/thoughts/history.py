@@ -10,16 +10,13 @@ back) and then removes the entry.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from services.errors import NotFound
 from services.models import CaptureResult, Decision, HistoryEntry, ThoughtHistory, ThoughtLink
 from services.storage.scoped import OrgSql
 
-if TYPE_CHECKING:
-    from services.thoughts.thoughts import Thoughts
-
-__all__ = ["ThoughtHistoryService", "history_of", "links_of", "DETAIL_HISTORY"]
+__all__ = ["ThoughtHistoryService", "Capture", "history_of", "links_of", "DETAIL_HISTORY"]
 
 #: History entries shown on GET /v1/thoughts/{id} (all of them on /history).
 DETAIL_HISTORY = 20
@@ -62,8 +59,16 @@ async def links_of(sql: OrgSql, thought_id: str) -> list[ThoughtLink]:
     ]
 
 
+class Capture(Protocol):
+    """What a restore needs of the thoughts service (``services.thoughts.thoughts.Thoughts``): its write path.
+    History takes it through this instead of importing the service, which imports history."""
+
+    async def capture(self, content: str, *, source: str | None = None, metadata: dict[str, Any] | None = None,
+                      decide: bool = True) -> CaptureResult: ...
+
+
 class ThoughtHistoryService:
-    def __init__(self, sql: OrgSql, thoughts: "Thoughts") -> None:
+    def __init__(self, sql: OrgSql, thoughts: Capture) -> None:
         self.sql = sql
         self.thoughts = thoughts
 

@@ -19,7 +19,9 @@ from services.enrichment.enrichment import enqueue_enrich
 from services.errors import InvalidInput, NotFound, PayloadTooLarge
 from services.thoughts.decisions import Decisions, Plan
 from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
-from services.models import CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage
+from services.models import (
+    CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage, check_metadata,
+)
 from services.ports import Embedder
 from services.search.indexing import EMBED_JOB, enqueue_embed
 from services.storage.scoped import OrgSql, OrgVectors
@@ -64,17 +66,6 @@ def thought_from_row(r: dict[str, Any]) -> Thought:
         uses=r.get("use_count") or 0,
         last_used_at=r.get("last_used_at"),
     )
-
-
-def check_metadata(metadata: Any, limit: int) -> str:
-    if metadata is None:
-        return "{}"
-    if not isinstance(metadata, dict):
-        raise InvalidInput("metadata must be a JSON object", details={"field": "metadata"})
-    encoded = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
-    if len(encoded.encode()) > limit:
-        raise PayloadTooLarge(f"metadata is larger than {limit} bytes", details={"field": "metadata", "limit": limit})
-    return encoded
 
 
 class Thoughts:
@@ -392,7 +383,7 @@ class Thoughts:
         return ids
 
     @property
-    def history(self) -> "ThoughtHistoryService":
+    def history(self) -> ThoughtHistoryService:
         """History (merged / replaced originals) of this organization's thoughts: list, restore, purge."""
         return ThoughtHistoryService(self.sql, self)
 
