@@ -153,17 +153,9 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 def cmd_cloudflare_check(args: argparse.Namespace) -> int:
-    from services.adapters.cloudflare.ops import run_check
+    from api.composition.check import run_check  # builds the Cloudflare adapters: loaded for this command only
 
     return run_check(settings_from(args), fix=args.fix, as_json=args.json)
-
-
-def cmd_reindex(args: argparse.Namespace) -> int:
-    from services.adapters.cloudflare.ops import run_reindex
-
-    settings = settings_from(args)
-    return run_reindex(lambda: make_memex(settings), args.org, restart=args.restart, prune=args.prune,
-                       page_size=args.page_size, wait=args.wait)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,14 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_dir(cc)
     cc.set_defaults(fn=cmd_cloudflare_check)
 
-    ri = sub.add_parser("reindex", help="rebuild an organization's vectors from the SQL store (resumable)")
-    ri.add_argument("--org", required=True, help="organization slug")
-    ri.add_argument("--restart", action="store_true", help="ignore the checkpoint and start over")
-    ri.add_argument("--prune", action="store_true", help="also delete vectors with no rows behind them")
-    ri.add_argument("--page-size", type=int, default=500)
-    ri.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the new vectors to be searchable")
-    add_data_dir(ri)
-    ri.set_defaults(fn=cmd_reindex)
+    from api.reindex_cli import add_commands as add_reindex_commands
+
+    add_reindex_commands(sub)
 
     from api.enrichment_cli import add_commands as add_enrich_commands
 

@@ -1,4 +1,5 @@
-"""The one module that chooses adapters from settings and hands out organization-bound services."""
+"""The running service: the backend the composition root built (api.composition), tenancy, the job worker, and
+organization-bound services handed out per request (``Memex.for_org``)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,23 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-import httpx
-
-from api.settings import Settings, SettingsError
-from services.errors import InvalidInput
-from services.ids import now_ms
-from services.storage.migrate import CONTROL_DIR, apply_pending
-from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex, require
-from services.storage.scoped import OrgSql, OrgVectors
-from services.storage.d1_stores import D1OrgStores
-from services.storage.stores import EmbeddedOrgStores, OrgStores
-from services.conversations.search import ConversationHydrator
+from api.composition.backend import Backend, build_backend, convert_legacy_layout
+from api.settings import Settings
 from services.conversations.conversations import ConversationLimits, Conversations, KeyedLocks
+from services.conversations.search import ConversationHydrator
 from services.enrichment.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
-from services.thoughts.decisions import Decisions
+from services.ids import now_ms
+from services.jobs.worker import JobWorker
+from services.search.indexing import EMBED_JOB, reconcile_org
 from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
 from services.search.recent_vectors import RecentVectors, cached_embed_handler
 from services.search.search import Hydrator, Search, hydrate_thoughts
+from services.storage.migrate import CONTROL_DIR, apply_pending
+from services.storage.scoped import OrgSql, OrgVectors
+from services.thoughts.decisions import Decisions
 from services.thoughts.thoughts import ThoughtLimits, Thoughts
-from services.jobs.worker import JobWorker
-from services.search.indexing import EMBED_JOB, reconcile_org
 from tenancy.addresses import ClientAddresses
 from tenancy.auth import AuthLimits, Authenticator
 from tenancy.bindings import OrgBindings
@@ -37,128 +32,9 @@ from tenancy.models import AuthContext
 from tenancy.orgs import OrgDirectory
 from tenancy.ratelimit import Limit, RateLimits
 
-__all__ = ["Backend", "Memex", "OrgServices", "build_backend", "checked"]
+__all__ = ["Memex", "OrgServices", "ranking_config"]
 
 log = logging.getLogger("memex")
-
-
-@dataclass
-class Backend:
-    """Everything the settings chose: the control database, where organizations' databases live, the models."""
-
-    control: SqlDatabase
-    stores: OrgStores
-    embedder: Embedder
-    http: httpx.AsyncClient | None = None
-    #: The language model (MEMEX_LLM); None = none configured: enrichment and decisions run deterministically.
-    llm: LLM | None = None
-    #: The second-stage reranker (MEMEX_RERANKER); None = none.
-    reranker: Reranker | None = None
-    #: Vectors written become searchable later (Vectorize): the worker confirms their mutations.
-    async_index: bool = False
-
-    def cloudflare_stats(self) -> dict | None:
-        """Requests, retries and the request budget of the Cloudflare adapters (None on the embedded backend)."""
-        if self.http is None:
-            return None
-        from services.adapters.cloudflare import cloudflare_stats
-
-        return cloudflare_stats(self.http)
-
-    async def close(self) -> None:
-        for model in (self.llm, self.reranker):
-            if model is not None:
-                await model.aclose()
-        await self.stores.close()
-        await self.control.close()
-        if self.http is not None:
-            await self.http.aclose()
-
-
-def _embedder(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
-    if settings.embedder == "local":
-        from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
-
-        return OnnxMiniLMEmbedder()
-    if settings.embedder == "hash":
-        from services.adapters.hash_embedder import HashEmbedder
-
-        return HashEmbedder()
-    if settings.embedder == "workers-ai":
-        from services.adapters.cloudflare import workers_ai_embedder
-
-        return workers_ai_embedder(settings, http)
-    raise InvalidInput(f"unknown MEMEX_EMBEDDER {settings.embedder!r}")
-
-
-_PAIRS = {("sqlite", "local"), ("d1", "vectorize")}
-
-T = TypeVar("T")
-
-
-def checked(adapter: T, port: type, setting: str) -> T:
-    """``adapter`` when it implements every member of ``port``; else ``SettingsError`` naming the adapter, the
-    setting that chose it and the missing members (services call port members directly, never probe)."""
-    return require(adapter, port, f"{type(adapter).__name__} ({setting})", error=SettingsError)
-
-
-def build_backend(settings: Settings) -> Backend:
-    if (settings.sql, settings.vectors) not in _PAIRS:
-        raise SettingsError(
-            f"MEMEX_SQL={settings.sql} with MEMEX_VECTORS={settings.vectors} is not a backend: each organization's "
-            "database and vectors live together (sqlite with local, d1 with vectorize)",
-            details={"setting": "MEMEX_VECTORS"},
-        )
-    cloud = ("d1" in settings.sql or settings.vectors == "vectorize" or settings.embedder == "workers-ai"
-             or settings.llm == "workers-ai" or settings.reranker == "workers-ai")
-    http = None
-    if cloud:
-        from services.adapters.cloudflare import shared_client
-
-        http = shared_client(settings)
-    embedder = checked(_embedder(settings, http), Embedder, f"MEMEX_EMBEDDER={settings.embedder}")
-    stores: OrgStores
-    if settings.sql == "sqlite":
-        from services.adapters.sqlite import SqliteDatabase
-
-        from services.adapters.local_vectors import LocalVectorIndex
-
-        control: SqlDatabase = checked(SqliteDatabase(settings.control_path), SqlDatabase, "MEMEX_SQL=sqlite")
-        dims, model = embedder.dimensions, embedder.model_id
-        stores = EmbeddedOrgStores(
-            control, settings.data_dir, dimensions=dims, max_open=settings.max_open_orgs,
-            # two readers per organization (searches don't queue behind writes) keep the file handles bounded
-            open_database=lambda path: checked(SqliteDatabase(path, readers=2), SqlDatabase, "MEMEX_SQL=sqlite"),
-            open_index=lambda path: checked(
-                LocalVectorIndex(path, dimensions=dims, model=model, reset_on_mismatch=True), VectorIndex,
-                "MEMEX_VECTORS=local"),
-        )
-    else:
-        from services.adapters.cloudflare import D1Database, VectorizeIndex, api_for, d1_admin, d1_database
-
-        if not settings.cloudflare_vectorize_index:
-            raise SettingsError("CLOUDFLARE_VECTORIZE_INDEX must be set for MEMEX_VECTORS=vectorize",
-                                details={"setting": "CLOUDFLARE_VECTORIZE_INDEX"})
-        control = checked(d1_database(settings, http), SqlDatabase, "MEMEX_SQL=d1")
-        api = api_for(settings, http)
-        stores = D1OrgStores(
-            control, admin=d1_admin(settings, http), index_name=settings.cloudflare_vectorize_index,
-            account=settings.cloudflare_account_id,
-            open_database=lambda uuid: checked(D1Database(api, uuid), SqlDatabase, "MEMEX_SQL=d1"),
-            open_index=lambda name: checked(
-                VectorizeIndex(api, name, dimensions=embedder.dimensions, model=embedder.model_id), VectorIndex,
-                "MEMEX_VECTORS=vectorize"),
-        )
-    from services.adapters.llm import build_llm, build_reranker
-
-    llm = build_llm(settings, http)
-    if llm is not None:
-        llm = checked(llm, LLM, f"MEMEX_LLM={settings.llm}")
-    reranker = build_reranker(settings, http)
-    if reranker is not None:
-        reranker = checked(reranker, Reranker, f"MEMEX_RERANKER={settings.reranker}")
-    return Backend(control=control, stores=stores, embedder=embedder, http=http, llm=llm, reranker=reranker,
-                   async_index=settings.vectors == "vectorize")
 
 
 def ranking_config(settings: Settings) -> RankingConfig:
@@ -244,21 +120,14 @@ class Memex:
                                rerank_cache=RerankCache(ttl=settings.rerank_cache_seconds))
 
     async def start(self, *, worker: bool | None = None) -> list[str]:
-        from services.adapters.local_vectors import LocalVectorIndex
-        from services.adapters.sqlite import SqliteDatabase
-        from services.storage.convert import convert_on_start
-
         # A single-database data directory (the previous release) becomes one database per organization first.
-        await convert_on_start(self.settings, self.control, self.backend.embedder, open_database=SqliteDatabase,
-                               open_index=LocalVectorIndex)
+        await convert_legacy_layout(self.settings, self.backend)
         applied = await apply_pending(self.control, CONTROL_DIR)
         if self.settings.sql != "sqlite" and self.settings.rate_limit_storage.startswith(("memory://", "async+memory://")):
             log.warning("rate limits count per process (MEMEX_RATE_LIMIT_STORAGE=memory://): with several instances "
                         "serving, name a shared storage (redis://...) or every limit is multiplied by the instances")
         if worker if worker is not None else self.settings.run_worker:
             self.worker.start()
-            import asyncio
-
             asyncio.get_running_loop().create_task(self.reconcile())
         return applied
 

@@ -10,7 +10,7 @@
 Every adapter implements every member of its port, so services call them directly and never probe for a
 method: where a backend has nothing to do (a checkpoint on D1) or cannot answer (listing a Vectorize
 namespace) the member says so (a no-op, None). The composition root checks each adapter it builds with
-``require`` and refuses one that lacks a member.
+``require`` and refuses one that lacks a member. ``wait_searchable`` polls an index until a write is visible.
 
 Services never see these directly with an organization id in hand: they receive handles bound to one
 organization (``OrgSql``, ``OrgVectors`` in ``services.storage.scoped``), made by ``for_org(org_id)``.
@@ -18,6 +18,8 @@ organization (``OrgSql``, ``OrgVectors`` in ``services.storage.scoped``), made b
 
 from __future__ import annotations
 
+import asyncio
+import time
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ __all__ = [
     "Reranker",
     "missing_members",
     "require",
+    "wait_searchable",
 ]
 
 SqlValue = str | int | float | bytes | None
@@ -268,3 +271,19 @@ def require(obj: T, protocol: type, what: str, *, error: type[MemexError] = Inva
             details={"adapter": what, "port": protocol.__name__, "missing": missing},
         )
     return obj
+
+
+async def wait_searchable(index: VectorIndex, mutation_id: str | None, timeout: float = 30.0, *,
+                          issued_at: float | None = None) -> bool:
+    """Poll ``index.searchable`` with backoff until ``mutation_id`` is applied; False when ``timeout`` seconds
+    pass first (at once True for an index that applies writes synchronously)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while True:
+        if await index.searchable(mutation_id, issued_at=issued_at):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(delay, left))
+        delay = min(delay * 1.6, 2.0)

@@ -44,8 +44,8 @@ def test_tenancy_uses_only_ports_models_errors_and_scoped_handles():
                 assert mod.startswith(allowed), f"{f.name} imports {mod}"
 
 
-def test_only_the_wiring_and_cli_pick_adapters():
+def test_only_the_composition_root_picks_adapters():
     for f in _files("api"):
         mods = _imports(f)
-        if f.name not in ("wiring.py", "cli.py"):
+        if f.parent.name != "composition":
             assert not any(m.startswith("services.adapters") for m in mods), f"api/{f.name} imports an adapter"

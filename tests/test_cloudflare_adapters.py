@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from api.composition.cloudflare import cloudflare_stats, d1_database, shared_client, vectorize_index, workers_ai_embedder
 from services.adapters.cloudflare import (
     BudgetExhausted,
     CloudflareApi,
@@ -33,15 +34,11 @@ from services.adapters.cloudflare import (
     WorkersAIChat,
     WorkersAIEmbedder,
     WorkersAIReranker,
-    cloudflare_stats,
-    d1_database,
-    shared_client,
-    vectorize_index,
-    workers_ai_embedder,
 )
 from services.adapters.cloudflare.d1 import is_idempotent, split_statements
 from services.adapters.cloudflare.vectorize import model_description
 from services.adapters.cloudflare.workers_ai import conservative_token_count
+from services.adapters.onnx_embedder import WordPieceCount
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput, PayloadTooLarge
 from services.ports import Embedder, SqlDatabase, Statement, Vector, VectorIndex
 
@@ -439,7 +436,7 @@ async def test_budget_shared_by_all_adapters_never_exceeds_the_limit():
     )
     api, t = make_api(rec, limit=4, window=60.0, max_wait=0)
     db, idx = D1Database(api, "db"), VectorizeIndex(api, "idx", dimensions=4, model="m")
-    emb = WorkersAIEmbedder(api, dimensions=4, use_wordpiece=False)
+    emb = WorkersAIEmbedder(api, dimensions=4)
     await db.execute("SELECT 1")
     await idx.info()  # /info, plus describing the index once (the recorded model)
     await emb.embed(["a"])
@@ -756,7 +753,7 @@ async def test_embedder_fits_texts_into_the_token_limit_and_fills_empties():
 
 def test_count_tokens_is_conservative():
     emb = WorkersAIEmbedder.__new__(WorkersAIEmbedder)
-    emb.use_wordpiece = True
+    emb.exact_count = WordPieceCount()
     text = "Hello, world! Tokenization of unbelievably long words: antidisestablishmentarianism."
     n = emb.count_tokens(text)
     assert n >= conservative_token_count(text) >= len(text.split())
@@ -827,7 +824,7 @@ async def test_reranker_returns_indexes_best_first():
 
 
 # ==========================================================================================================
-# Factories (what api.wiring calls)
+# Factories (what the composition root builds with)
 # ==========================================================================================================
 
 
@@ -1145,7 +1142,7 @@ async def test_emulator_chunks_accepted_by_workers_ai(backend):
 
 
 async def test_emulator_chat_and_reranker(backend, cf):
-    from services.adapters.cloudflare import workers_ai_chat, workers_ai_reranker
+    from api.composition.cloudflare import workers_ai_chat, workers_ai_reranker
 
     chat = workers_ai_chat(backend.settings, backend.http)
     cf.push_llm_response({"summary": "short", "tags": ["a-b"]})
@@ -1163,7 +1160,7 @@ async def test_emulator_chat_and_reranker(backend, cf):
 
 
 async def test_emulator_check_reports_then_fixes(backend, cf):
-    from services.adapters.cloudflare.ops import check
+    from api.composition.check import check
 
     s = backend.settings.with_(sql="d1", vectors="vectorize", embedder="workers-ai")
     lines: list[str] = []
@@ -1186,7 +1183,7 @@ async def test_emulator_check_reports_then_fixes(backend, cf):
 
 
 async def test_emulator_check_names_a_bad_token(cf):
-    from services.adapters.cloudflare.ops import check
+    from api.composition.check import check
 
     s = _settings(cf.base_url, account=cf.account, token="wrong", db=_uid("db"), index=_uid("idx"),
                   sql="d1", vectors="vectorize", embedder="workers-ai")
@@ -1197,7 +1194,7 @@ async def test_emulator_check_names_a_bad_token(cf):
 
 
 async def test_emulator_reindex_is_resumable(backend, tmp_path):
-    from services.adapters.cloudflare.ops import reindex
+    from services.search.reindex import reindex
     from services.storage.migrate import apply_pending
 
     await apply_pending(backend.db)  # an organization's database (the org migration stream)
@@ -1243,7 +1240,8 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
     assert pending == 0
     # a stray vector (no chunk) is pruned; a finished run starts over next time
     await OrgVectors(backend.index, "org_r").upsert([("ghost", np.ones(768, dtype=np.float32), {"kind": "thought", "parent_id": "x", "ordinal": 0})])
-    result = await reindex(db, backend.index, backend.emb, "org_r", state_dir=tmp_path, page_size=50, prune=True, progress=False)
+    result = await reindex(db, backend.index, backend.emb, "org_r", state_dir=tmp_path, page_size=50, prune=True, progress=False,
+                           list_ids=backend.index.list_ids)
     assert (result.resumed_from, result.embedded, result.pruned) == (0, 7, 1)
     assert await OrgVectors(backend.index, "org_r").get_by_ids(["ghost"]) == []
 
@@ -1256,7 +1254,7 @@ async def test_emulator_memex_end_to_end_on_cloudflare(cf, tmp_path):
 
     s = _settings(cf.base_url, account=cf.account, token=cf.token, db=_uid("db"), index=_uid("idx"),
                   sql="d1", vectors="vectorize", embedder="workers-ai", data_dir=tmp_path, run_worker=False)
-    from services.adapters.cloudflare.ops import check
+    from api.composition.check import check
 
     assert (await check(s, fix=True, out=None)).ok
     cf.vector_lag_ms = 300

@@ -8,16 +8,9 @@ import uuid as uuidlib
 import httpx
 import pytest
 
+from api.composition.cloudflare import cloudflare_stats, d1_admin, shared_client
 from api.settings import Settings
-from services.adapters.cloudflare import (
-    CloudflareApiError,
-    CloudflareNotFound,
-    D1AccountLimit,
-    D1Admin,
-    cloudflare_stats,
-    d1_admin,
-    shared_client,
-)
+from services.adapters.cloudflare import CloudflareApiError, CloudflareNotFound, D1AccountLimit, D1Admin
 from services.errors import InsufficientStorage, InvalidInput
 from tests.cloudflare_emulator import running_emulator
 

@@ -63,7 +63,8 @@ async def second_instance_db(live: Live, org_id: str):
     """Another service instance's handle on the organization's database (a fresh connection or D1 client)."""
     location = live.org_location(org_id)
     if live.backend == "cloudflare":
-        from services.adapters.cloudflare import D1Database, api_for, shared_client
+        from api.composition.cloudflare import api_for, shared_client
+        from services.adapters.cloudflare import D1Database
 
         http = shared_client(live.memex.settings)
         try:

@@ -579,7 +579,7 @@ def test_workers_ai_llm_enriches_through_the_emulator(tmp_path):
 
 
 async def test_workers_ai_reranker_port_scores_in_passage_order(tmp_path):
-    from services.adapters.cloudflare import api_for, shared_client
+    from api.composition.cloudflare import api_for, shared_client
     from services.adapters.cloudflare import WorkersAIReranker
     from tests.cloudflare_emulator import running_emulator
 
@@ -703,7 +703,7 @@ def test_openai_llm_enriches_end_to_end(tmp_path, fake_openai):
 
 
 def test_unknown_or_missing_model_settings_fail_clearly(tmp_path):
-    from api.wiring import build_backend
+    from api.composition.backend import build_backend
     from services.errors import InvalidInput
 
     for overrides, text in (({"llm": "gpt"}, "MEMEX_LLM"), ({"llm": "openai"}, "MEMEX_LLM_BASE_URL"),

@@ -11,7 +11,8 @@ import pytest
 
 from api.app import create_app
 from api.settings import Settings
-from api.wiring import Memex, build_backend
+from api.composition.backend import build_backend
+from api.wiring import Memex
 from tests.conftest import Live, assert_error, signup
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM, basis, near
 from tests.live import serve

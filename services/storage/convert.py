@@ -114,10 +114,10 @@ LOCK_NAME = ".converting.lock"
 #: How long the conversion waits for another writer of the legacy files before giving up.
 LEGACY_LOCK_WAIT = 10.0
 
-#: ``open_database(path)``: an embedded SqlDatabase on a file (the wiring passes SqliteDatabase).
+#: ``open_database(path)``: an embedded SqlDatabase on a file (the composition root passes SqliteDatabase).
 OpenDatabase = Callable[[Path], SqlDatabase]
 #: ``open_index(path, dimensions=, model=)``: a local vector index on a file that never resets a mismatching one
-#: (the wiring passes LocalVectorIndex; it also needs ``ids_in_namespace``).
+#: (the composition root passes LocalVectorIndex; it also needs ``ids_in_namespace``).
 OpenIndex = Callable[..., VectorIndex]
 
 #: Rows read per page and written per batch.

@@ -1,7 +1,7 @@
 """The Cloudflare REST client shared by the D1, Vectorize and Workers AI adapters.
 
-One ``CloudflareApi`` per ``httpx.AsyncClient`` (so per process: wiring makes one client): base URL and
-account, bearer auth, the envelope (``{"success", "errors", "messages", "result"}``), the request budget,
+One ``CloudflareApi`` per ``httpx.AsyncClient`` (so per process: the composition root makes one client): base URL
+and account, bearer auth, the envelope (``{"success", "errors", "messages", "result"}``), the request budget,
 per-kind counters, and retries.
 
 Retries (exponential backoff with jitter, at most ``max_attempts`` tries, each try spends a budget slot):
@@ -47,6 +47,7 @@ __all__ = [
     "CloudflareRateLimited",
     "KINDS",
     "default_timeout",
+    "http_client",
 ]
 
 log = logging.getLogger("memex.cloudflare")
@@ -73,6 +74,16 @@ AI_NO_RETRY_CODES = {3036}  # the free daily allocation is spent: waiting second
 def default_timeout() -> httpx.Timeout:
     """D1 and the API cap a request at 30 s: read a little longer than that before giving up."""
     return httpx.Timeout(connect=5.0, read=40.0, write=30.0, pool=10.0)
+
+
+def http_client() -> httpx.AsyncClient:
+    """An HTTP client for the Cloudflare API (the composition root makes one per process; the backend closes it)."""
+    return httpx.AsyncClient(
+        timeout=default_timeout(),
+        limits=httpx.Limits(max_connections=32, max_keepalive_connections=16, keepalive_expiry=30.0),
+        headers={"User-Agent": "memex/0.1 (+httpx)"},
+        follow_redirects=False,
+    )
 
 
 class CloudflareApiError(BackendError):

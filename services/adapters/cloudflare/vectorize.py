@@ -60,7 +60,7 @@ from urllib.parse import quote
 import numpy as np
 
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
-from services.ports import Vector, VectorIndex, VectorIndexInfo, VectorMatch
+from services.ports import Vector, VectorIndexInfo, VectorMatch, wait_searchable
 
 from .client import CloudflareApi, CloudflareNotFound
 
@@ -73,7 +73,6 @@ __all__ = [
     "MAX_TOP_K_WITH_DATA",
     "model_description",
     "model_from_description",
-    "wait_searchable",
 ]
 
 log = logging.getLogger("memex.cloudflare.vectorize")
@@ -573,22 +572,6 @@ class VectorizeIndex:
 
     async def close(self) -> None:
         """Nothing to release: the shared HTTP client belongs to the backend."""
-
-
-async def wait_searchable(index: VectorIndex, mutation_id: str | None, timeout: float = 30.0, *,
-                          issued_at: float | None = None) -> bool:
-    """Poll ``index.searchable`` with backoff until ``mutation_id`` is applied; False when ``timeout`` seconds
-    pass first (at once True for an index that applies writes synchronously)."""
-    deadline = time.monotonic() + timeout
-    delay = 0.1
-    while True:
-        if await index.searchable(mutation_id, issued_at=issued_at):
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        await asyncio.sleep(min(delay, left))
-        delay = min(delay * 1.6, 2.0)
 
 
 def _maybe_cut(meta: Any) -> bool:

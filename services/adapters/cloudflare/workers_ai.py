@@ -10,8 +10,9 @@ idempotent, so 5xx/timeouts are retried.
 Token counting (``count_tokens``, no network): the larger of three counts, so a chunk the chunker accepts
 is under 512 for the real model and for any reasonable estimate of it:
 
-* the WordPiece count of the local all-MiniLM-L6-v2 tokenizer when its package is installed — MiniLM and
-  bge-base-en-v1.5 both use the uncased English BERT WordPiece vocabulary, so this is the model's own count;
+* the model's own WordPiece count, when the embedder is given one (``exact_count``): the composition root passes
+  the local all-MiniLM-L6-v2 tokenizer's (``services.adapters.onnx_embedder.WordPieceCount``) — MiniLM and
+  bge-base-en-v1.5 both use the uncased English BERT WordPiece vocabulary;
 * ``ceil(1.3 x words-and-punctuation marks)`` (each CJK character counts as a word);
 * ``ceil(characters / 4)``.
 
@@ -23,12 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import re
-import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,8 +46,6 @@ __all__ = [
     "conservative_token_count",
 ]
 
-log = logging.getLogger("memex.cloudflare.ai")
-
 EMBED_MODEL = "@cf/baai/bge-base-en-v1.5"
 CHAT_MODEL = "@cf/meta/llama-3.1-8b-instruct"
 RERANK_MODEL = "@cf/baai/bge-reranker-base"
@@ -64,33 +61,6 @@ def conservative_token_count(text: str) -> int:
     if not text:
         return 0
     return max(math.ceil(len(_TOKENS.findall(text)) * 1.3), math.ceil(len(text) / 4))
-
-
-class _WordPiece:
-    """The MiniLM tokenizer's exact WordPiece count, if its package is installed (loaded once, lazily)."""
-
-    _lock = threading.Lock()
-    _counter: Any = None
-    _failed = False
-
-    @classmethod
-    def count(cls, text: str) -> int | None:
-        if cls._failed:
-            return None
-        if cls._counter is None:
-            with cls._lock:
-                if cls._counter is None and not cls._failed:
-                    try:
-                        from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
-
-                        counter = OnnxMiniLMEmbedder()
-                        counter.count_tokens("probe")  # loads the tokenizer only, not the ONNX model
-                        cls._counter = counter
-                    except Exception as exc:  # noqa: BLE001 - package missing: fall back to the estimate
-                        log.info("no local WordPiece tokenizer (%s): token counts are estimated", exc)
-                        cls._failed = True
-                        return None
-        return cls._counter.count_tokens(text)
 
 
 class WorkersAIEmbedder:
@@ -112,8 +82,10 @@ class WorkersAIEmbedder:
         dimensions: int = 768,
         query_cache_size: int = 1024,
         concurrency: int = 4,
-        use_wordpiece: bool = True,
+        exact_count: Callable[[str], int | None] | None = None,
     ) -> None:
+        """``exact_count(text)``: the model's own token count where one is at hand (None when it is not); without
+        it the counts are the estimates alone."""
         if pooling not in ("mean", "cls"):
             raise ValueError("pooling must be 'mean' or 'cls'")
         self.api = api
@@ -122,7 +94,7 @@ class WorkersAIEmbedder:
         self.dimensions = dimensions
         self.model_id = f"{model}:{pooling}"
         self.query_cache_size = max(0, query_cache_size)
-        self.use_wordpiece = use_wordpiece
+        self.exact_count = exact_count
         self._sem = asyncio.Semaphore(max(1, concurrency))
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
@@ -133,8 +105,8 @@ class WorkersAIEmbedder:
         if not text:
             return 0
         n = conservative_token_count(text)
-        if self.use_wordpiece:
-            exact = _WordPiece.count(text)
+        if self.exact_count is not None:
+            exact = self.exact_count(text)
             if exact is not None and exact > n:
                 n = exact
         return n

@@ -1,57 +1,42 @@
-"""Operations: ``memex cloudflare check`` and ``memex reindex --org SLUG``.
+"""``memex cloudflare check``: verify a Cloudflare configuration end to end.
 
-``check(settings)`` verifies a Cloudflare configuration end to end and prints one line per item — ``ok``,
-``WARN`` or ``MISSING`` with the exact command that fixes it: settings present, the API token accepted, the D1
-database reachable, every file of migrations/ recorded in ``d1_migrations``, Workers AI answering with the
-expected dimensions, the Vectorize index present with the embedder's dimensions, the cosine metric and the
-model recorded, and the metadata indexes (organization_id, kind, parent_id) present. ``fix=True`` applies
-pending migrations, creates a missing index and the missing metadata indexes. Read-only otherwise.
+``check(settings)`` prints one line per item — ``ok``, ``WARN`` or ``MISSING`` with the exact command that fixes
+it: settings present, the API token accepted, the D1 database reachable, every file of migrations/ recorded in
+``d1_migrations``, Workers AI answering with the expected dimensions, the Vectorize index present with the
+embedder's dimensions, the cosine metric and the model recorded, and the metadata indexes (organization_id, kind,
+parent_id) present. ``fix=True`` applies pending migrations, creates a missing index and the missing metadata
+indexes. Read-only otherwise.
 
-``reindex(...)`` rebuilds one organization's vectors from the SQL store (after a model change, or into a new
-index): pages of chunks in ``pk`` order are embedded, upserted (the same ids and metadata the job worker
-writes) and marked indexed. A checkpoint file (``<data_dir>/reindex/<org id>.json``: last pk, index, model)
-makes it resumable: a rerun against the same index and model continues after the last finished page
-(``restart=True`` starts over). Cloudflare cost per page of 500 chunks: 1 D1 read, 5 Workers AI calls, 1
-Vectorize upsert, 1 D1 update. ``prune=True`` also deletes the organization's vectors that no chunk owns
-(Vectorize: pages through the whole index listing, one request per 1,000 ids).
+It lives in the composition root because it does what the root does: reads the settings and builds the
+Cloudflare adapters (the embedder the settings choose included), here to probe them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api.composition.backend import embedder_for
+from api.composition.cloudflare import api_for, shared_client
+from services.adapters.cloudflare.client import CloudflareApiError, CloudflareAuthError, CloudflareNotFound
+from services.adapters.cloudflare.d1 import D1Database
+from services.adapters.cloudflare.vectorize import (
+    INDEXED_PROPERTIES,
+    VectorizeIndex,
+    model_description,
+    model_from_description,
+)
 from services.errors import MemexError
-from services.ids import now_ms
+from services.ports import Embedder, SqlDatabase
 from services.storage.migrate import CONTROL_DIR, apply_pending, discover
-from services.ports import Embedder, SqlDatabase, VectorIndex
-from services.storage.scoped import OrgSql, OrgVectors
 
-from .vectorize import VectorizeIndex, wait_searchable
-
-__all__ = [
-    "CheckItem",
-    "CheckReport",
-    "check",
-    "run_check",
-    "reindex",
-    "reindex_org",
-    "run_reindex",
-    "ReindexResult",
-]
+__all__ = ["CheckItem", "CheckReport", "check", "run_check"]
 
 Out = Callable[[str], None]
-
-
-# ------------------------------------------------------------------------------------------------------
-# memex cloudflare check
-# ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -92,21 +77,6 @@ class CheckReport:
         }
 
 
-def _embedder_for(settings: Any, http: Any) -> Embedder:
-    kind = getattr(settings, "embedder", "local")
-    if kind == "workers-ai":
-        from . import workers_ai_embedder
-
-        return workers_ai_embedder(settings, http)
-    if kind == "hash":
-        from services.adapters.hash_embedder import HashEmbedder
-
-        return HashEmbedder()
-    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
-
-    return OnnxMiniLMEmbedder()  # model and tokenizer load lazily: only model_id/dimensions are read here
-
-
 async def check(
     settings: Any,
     *,
@@ -117,11 +87,6 @@ async def check(
     migrations_dir: Path = CONTROL_DIR,
 ) -> CheckReport:
     """Verify the Cloudflare configuration in ``settings``; print and return what is missing."""
-    from . import api_for, shared_client
-    from .client import CloudflareApiError, CloudflareAuthError, CloudflareNotFound
-    from .d1 import D1Database
-    from .vectorize import INDEXED_PROPERTIES, VectorizeIndex, model_description, model_from_description
-
     report = CheckReport()
 
     def add(status: str, what: str, detail: str = "", fix_: str | None = None) -> CheckItem:
@@ -195,7 +160,7 @@ async def check(
 
         # -- Workers AI ---------------------------------------------------------------------------------
         if embedder is None:
-            embedder = _embedder_for(settings, http)
+            embedder = embedder_for(settings, http)
         if uses_ai and token_ok is not False:
             try:
                 vec = await embedder.embed(["memex cloudflare check"])
@@ -334,215 +299,3 @@ def run_check(settings: Any, *, fix: bool = False, as_json: bool = False) -> int
     if as_json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
     return 0 if report.ok else 1
-
-
-# ------------------------------------------------------------------------------------------------------
-# memex reindex --org SLUG
-# ------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReindexResult:
-    org_id: str
-    total: int
-    done: int
-    embedded: int
-    resumed_from: int
-    pruned: int = 0
-    mutation_id: str | None = None
-    searchable: bool | None = None
-    seconds: float = 0.0
-
-
-def _index_identity(index: VectorIndex) -> str:
-    name = getattr(index, "name", None) or getattr(index, "path", None)
-    return f"{type(index).__name__}:{name}"
-
-
-class _Progress:
-    def __init__(self, label: str, total: int, stream=None) -> None:
-        self.label = label
-        self.total = max(total, 0)
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = time.monotonic()
-        self._last = 0.0
-
-    def update(self, done: int, *, final: bool = False) -> None:
-        now = time.monotonic()
-        if not final and now - self._last < (0.2 if self.tty else 5.0):
-            return
-        self._last = now
-        pct = (done / self.total) if self.total else 1.0
-        width = 30
-        bar = "#" * int(pct * width) + "-" * (width - int(pct * width))
-        rate = done / max(now - self.start, 1e-6)
-        text = f"{self.label} [{bar}] {done}/{self.total} chunks ({pct:.0%}, {rate:.0f}/s)"
-        if self.tty:
-            self.stream.write("\r" + text + ("\n" if final else ""))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-
-async def reindex(
-    db: SqlDatabase,
-    index: VectorIndex,
-    embedder: Embedder,
-    org_id: str,
-    *,
-    state_dir: Path | None = None,
-    restart: bool = False,
-    page_size: int = 500,
-    prune: bool = False,
-    wait: float = 120.0,
-    progress: bool | Any = True,
-    label: str | None = None,
-) -> ReindexResult:
-    """Re-embed and re-upsert every chunk of ``org_id`` (resumable through ``state_dir``)."""
-    from services.search.indexing import chunk_metadata  # the exact metadata the job worker writes
-
-    started = time.monotonic()
-    sql, vectors = OrgSql(db, org_id), OrgVectors(index, org_id)
-    state_path = (state_dir / f"{org_id}.json") if state_dir is not None else None
-    identity, model = _index_identity(index), embedder.model_id
-    last_pk = 0
-    if state_path is not None and state_path.exists() and not restart:
-        try:
-            state = json.loads(state_path.read_text())
-            if state.get("index") == identity and state.get("model") == model and not state.get("finished"):
-                last_pk = int(state.get("last_pk", 0))
-        except (ValueError, OSError):
-            last_pk = 0
-
-    def save(pk: int, finished: bool = False) -> None:
-        if state_path is None:
-            return
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"org_id": org_id, "index": identity, "model": model, "last_pk": pk,
-                                   "finished": finished, "updated_at": now_ms()}))
-        tmp.replace(state_path)
-
-    total = (await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1"))["n"]
-    done = (await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1 AND pk <= ?2", [last_pk]))["n"]
-    resumed_from = done
-    bar = None
-    if progress:
-        bar = _Progress(label or f"reindex {org_id}", total, None if progress is True else progress)
-        bar.update(done, final=False)
-    embedded = 0
-    mutation: str | None = None
-    while True:
-        rows = await sql.rows(
-            "SELECT c.pk, c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, "
-            "d.tags AS tags FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' "
-            "AND d.organization_id = c.organization_id AND d.id = c.parent_id "
-            "WHERE c.organization_id = ?1 AND c.pk > ?2 ORDER BY c.pk LIMIT ?3",
-            [last_pk, page_size],
-        )
-        if not rows:
-            break
-        values = await embedder.embed([r["content"] for r in rows])
-        items = [(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)]
-        mutation = await vectors.upsert(items) or mutation
-        ids = [r["id"] for r in rows]
-        res = await sql.execute(
-            "UPDATE chunks SET indexed_at = COALESCE(indexed_at, ?2) "
-            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?3))",
-            [now_ms(), json.dumps(ids)],
-        )
-        if res.changes < len(ids):  # chunks deleted meanwhile: drop their fresh vectors again
-            alive = {r["id"] for r in await sql.rows(
-                "SELECT id FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-                [json.dumps(ids)],
-            )}
-            gone = [i for i in ids if i not in alive]
-            if gone:
-                mutation = await vectors.delete_by_ids(gone) or mutation
-        embedded += len(rows)
-        done += len(rows)
-        last_pk = rows[-1]["pk"]
-        save(last_pk)
-        if bar is not None:
-            bar.update(done)
-        if len(rows) < page_size:
-            break
-
-    pruned = 0
-    if prune:
-        pruned, prune_mutation = await _prune(sql, vectors, index, org_id)
-        mutation = prune_mutation or mutation
-    save(last_pk, finished=True)
-    if bar is not None:
-        bar.update(done, final=True)
-    searchable = None  # an index that applies writes synchronously has nothing to wait for
-    if mutation and wait and index.applies_writes_later:
-        searchable = await wait_searchable(index, mutation, wait)
-    return ReindexResult(org_id=org_id, total=total, done=done, embedded=embedded, resumed_from=resumed_from,
-                         pruned=pruned, mutation_id=mutation, searchable=searchable,
-                         seconds=round(time.monotonic() - started, 3))
-
-
-async def _prune(sql: OrgSql, vectors: OrgVectors, index: VectorIndex, org_id: str) -> tuple[int, str | None]:
-    prefix = f"{org_id}:"
-    in_index: set[str] = set()
-    listed = await index.ids_in_namespace(org_id)
-    if listed is not None:
-        in_index = {i[len(prefix):] for i in listed if i.startswith(prefix)}
-    elif isinstance(index, VectorizeIndex):  # it cannot list a namespace: page through the whole index
-        async for page in index.list_ids():
-            in_index.update(i[len(prefix):] for i in page if i.startswith(prefix))
-    else:
-        return 0, None
-    known = {r["id"] for r in await sql.rows("SELECT id FROM chunks WHERE organization_id = ?1")}
-    stray = sorted(in_index - known)
-    mutation = await vectors.delete_by_ids(stray) if stray else None
-    return len(stray), mutation
-
-
-async def reindex_org(memex: Any, slug: str, **kw: Any) -> ReindexResult:
-    """``reindex`` for the organization ``slug`` of a started ``api.wiring.Memex``."""
-    org = await memex.orgs.by_slug(slug)
-    backend = memex.backend
-    kw.setdefault("state_dir", Path(memex.settings.data_dir) / "reindex")
-    kw.setdefault("label", f"reindex {slug}")
-    api = None
-    http = getattr(backend, "http", None)
-    if http is not None:
-        from . import _APIS
-
-        api = _APIS.get(http)
-    if api is not None:  # a long batch job: wait for budget slots instead of failing fast
-        api.budget.max_wait = max(api.budget.max_wait, api.budget.window + 5)
-    store = await memex.stores.open(org.id)
-    return await reindex(store.db, store.index, backend.embedder, org.id, **kw)
-
-
-def run_reindex(make_memex: Callable[[], Any], slug: str, *, restart: bool = False, prune: bool = False,
-                page_size: int = 500, wait: float = 120.0) -> int:
-    """For the CLI: ``make_memex()`` builds an ``api.wiring.Memex`` (no worker; services never import the
-    api layer); migrations are applied, ``slug`` is reindexed and a JSON summary printed. Exit code 0 when the
-    new vectors are searchable (or the index applies writes synchronously), 1 when the wait timed out."""
-
-    async def go() -> ReindexResult:
-        memex = make_memex()
-        try:
-            await memex.start(worker=False)
-            return await reindex_org(memex, slug, restart=restart, prune=prune, page_size=page_size, wait=wait)
-        finally:
-            await memex.stop()
-
-    result = asyncio.run(go())
-    summary = {
-        "organization": slug,
-        "chunks": result.total,
-        "embedded_now": result.embedded,
-        "resumed_from": result.resumed_from,
-        "stray_vectors_deleted": result.pruned,
-        "last_mutation": result.mutation_id,
-        "searchable": result.searchable,
-        "seconds": result.seconds,
-    }
-    print(json.dumps(summary, indent=2))
-    return 0 if result.searchable in (None, True) else 1
