@@ -1,5 +1,5 @@
 """The whole organization's lifecycle over REST (admin scope): export it as a bundle, import a bundle into an
-empty organization, delete it. The bundle format: docs/export-bundle.md (services.bundle.bundle).
+empty organization, delete it. The bundle format: docs/export-bundle.md (services.bundle).
 
 Everything acts on the caller's own organization: no route takes an organization id or slug to act on (the
 delete's ``confirm`` must repeat the caller's slug; any other value is a 400 that deletes nothing)."""
@@ -24,7 +24,9 @@ from api.routes import ADMIN, AUTH_ERRORS
 from api.wiring import Memex
 from services.errors import InvalidInput, MemexError
 from services.storage.scoped import OrgSql
-from services.bundle.bundle import MEDIA_TYPE, BundleExport, BundleImport, BundleOrganization, ImportResult
+from services.bundle.export import BundleExport
+from services.bundle.importer import BundleImport
+from services.bundle.records import MEDIA_TYPE, BundleOrganization, ImportResult
 
 __all__ = ["org_lifecycle_handlers", "bundle_export", "bundle_import", "IMPORT_MEDIA_TYPES"]
 

@@ -1,6 +1,6 @@
 """``memex org export | import | delete``: the whole organization's lifecycle from the shell, with progress bars
 on stderr. They work on the stores directly (like every other command), through the same code as the REST
-routes (api.org_lifecycle, services.bundle.bundle).
+routes (api.org_lifecycle, services.bundle).
 
 Hooked into ``api.cli.build_parser`` by ``add_commands(org_subparsers)``.
 """

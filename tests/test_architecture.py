@@ -243,7 +243,7 @@ def test_the_rules_refuse_what_they_should():
     assert _refusal("services.storage.stores", "services.thoughts.thoughts")
     assert _refusal("services.models", "services.storage.scoped")
     assert _refusal("services.search.search", "services.thoughts.thoughts")
-    assert _refusal("services.thoughts.thoughts", "services.bundle.bundle")
+    assert _refusal("services.thoughts.thoughts", "services.bundle.importer")
     assert _refusal("services.jobs.worker", "services.search.indexing")
     assert _refusal("services.adapters.llm", "services.adapters.cloudflare.workers_ai")
     assert _refusal("services.adapters.cloudflare.workers_ai", "services.adapters.onnx_embedder")

@@ -1,5 +1,5 @@
 """The whole organization's lifecycle over real HTTP on loopback, on both backends: export a bundle, import it
-into an empty organization, delete an organization (services.bundle.bundle, api.org_lifecycle); and the same
+into an empty organization, delete an organization (services.bundle, api.org_lifecycle); and the same
 from the shell (memex org export / import / delete)."""
 
 from __future__ import annotations
