@@ -28,7 +28,7 @@ from services.adapters.local_vectors import LocalVectorIndex
 from services.adapters.sqlite import SqliteDatabase
 from services.storage.migrate import CONTROL_DIR, LEGACY_DIR, ORG_DIR, apply_pending, discover
 from services.ports import Statement, Vector
-from services.storage import convert
+from services.storage import convert, convert_copy
 from services.search.indexing import chunk_metadata
 from tenancy.keys import KeyManager
 from tests.live import serve
@@ -433,9 +433,9 @@ def test_conversion_in_small_pages(tmp_path, monkeypatch):
     """Pages of two rows, statements of at most 7 parameters (one row each for wide tables), a batch per
     statement: the keyset paging (row values over organization-leading indexes, rowids, FTS by keys) and the
     statement splitting lose nothing."""
-    monkeypatch.setattr(convert, "ROWS_PER_BATCH", 2)
-    monkeypatch.setattr(convert, "MAX_PARAMS", 7)
-    monkeypatch.setattr(convert, "BATCH_BYTES", 50)
+    monkeypatch.setattr(convert_copy, "ROWS_PER_BATCH", 2)
+    monkeypatch.setattr(convert_copy, "MAX_PARAMS", 7)
+    monkeypatch.setattr(convert_copy, "BATCH_BYTES", 50)
     monkeypatch.setattr(convert, "VECTORS_PER_BATCH", 3)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
