@@ -24,7 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.adapters.local_vectors import LocalVectorIndex, _search_locked, compile_filter  # noqa: E402
+from services.adapters.local_vectors import LocalVectorIndex  # noqa: E402
+from services.adapters.vector_filters import compile_filter  # noqa: E402
+from services.adapters.vector_matrix import search_locked  # noqa: E402
 from services.ports import Vector  # noqa: E402
 
 DIMS = 384
@@ -114,7 +116,7 @@ async def main() -> None:
             for q in queries:
                 qn = q / np.linalg.norm(q)
                 t0 = time.perf_counter()
-                _search_locked(space, (qn, 10, pred, False, False))
+                search_locked(space, (qn, 10, pred, False, False))
                 samples.append(time.perf_counter() - t0)
             print(f"  {'scan only (no async, no validation)':<34} {fmt(samples)}")
 

@@ -398,6 +398,7 @@ async def test_concurrent_upserts_and_queries(index):
 
 async def test_big_namespace_code_paths_give_the_same_answers(index, monkeypatch):
     import services.adapters.local_vectors as mod
+    import services.adapters.vector_matrix as matrix
 
     rng = np.random.default_rng(8)
     vecs = rng.normal(size=(500, DIMS)).astype(np.float32)
@@ -406,7 +407,7 @@ async def test_big_namespace_code_paths_give_the_same_answers(index, monkeypatch
     small = [await index.query(q, top_k=20, namespace="A", filter={"k": {"$gte": 3}}) for q in queries]
     # as if the namespace were big: searched in a worker thread, scored with einsum instead of BLAS
     monkeypatch.setattr(mod, "INLINE_QUERY_MAX_FLOATS", 0)
-    monkeypatch.setattr(mod, "_BLAS_MAX_FLOATS", 0)
+    monkeypatch.setattr(matrix, "_BLAS_MAX_FLOATS", 0)
     big = [await index.query(q, top_k=20, namespace="A", filter={"k": {"$gte": 3}}) for q in queries]
     for a, b in zip(small, big):
         assert [m.id for m in a] == [m.id for m in b]

@@ -7,9 +7,10 @@ truth for memories; this file is a rebuildable cache of their vectors (``was_cre
 service when a rebuild is due).
 
 Search: per-namespace contiguous float32 matrices of unit rows (namespace == organization), loaded lazily on a
-namespace's first query, with ids and metadata alongside. A query scans only its namespace's matrix with one
-matrix-vector product, so organizations never see each other's vectors and cost follows the organization's
-size, not the deployment's. Upserts append (capacity doubling) or replace in place; deletes swap-remove.
+namespace's first query, with ids and metadata alongside (``services.adapters.vector_matrix``). A query scans
+only its namespace's matrix with one matrix-vector product, so organizations never see each other's vectors and
+cost follows the organization's size, not the deployment's. Upserts append (capacity doubling) or replace in
+place; deletes swap-remove. Filters are Vectorize's, compiled to predicates (``services.adapters.vector_filters``).
 
 Differences from Vectorize, on purpose: writes are visible immediately (the mutation id is a monotonic counter
 and ``info().processed_up_to_mutation`` is always the latest); every metadata property is filterable (there are
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import numbers
 import sqlite3
 import threading
@@ -44,29 +44,25 @@ from typing import Any, TypeVar
 import numpy as np
 
 from services.adapters.sqlite import JOURNAL_SIZE_LIMIT, free_bytes, rollback_quietly, storage_error
+from services.adapters.vector_filters import compile_filter
+from services.adapters.vector_matrix import MIN_CAPACITY, Namespace, search_locked, unit_query, unit_rows
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
 from services.ports import Vector, VectorIndexInfo, VectorMatch
 
 T = TypeVar("T")
 log = logging.getLogger("memex.vectors")
 
-__all__ = ["LocalVectorIndex", "compile_filter"]
+__all__ = ["LocalVectorIndex"]
 
 MAX_TOP_K = 100
 MAX_ID_BYTES = 64
 MAX_NAMESPACE_BYTES = 64
 MAX_METADATA_BYTES = 10 * 1024
-MAX_FILTER_BYTES = 2048
-MAX_FILTER_KEY_CHARS = 512
 
 #: Namespaces with more floats than this (rows x dimensions) are searched in a worker thread (~1 ms of work).
 INLINE_QUERY_MAX_FLOATS = 1_000_000
 
-#: OpenBLAS runs gemv on one thread below 115200 * 4 elements; above it we use einsum (see _Namespace.search).
-_BLAS_MAX_FLOATS = 460_800
-
 _SCHEMA_VERSION = "1"
-_MIN_CAPACITY = 16
 _SQL_CHUNK = 500  # ids per IN (...) lookup
 
 _SCHEMA = """
@@ -81,349 +77,9 @@ CREATE INDEX IF NOT EXISTS vectors_namespace ON vectors(namespace);
 """
 
 
-# -- filters ---------------------------------------------------------------------------------------
-
-_OPS = frozenset({"$eq", "$ne", "$in", "$nin", "$lt", "$lte", "$gt", "$gte"})
-_MISSING = object()
-
-
-def _tag(v: Any) -> tuple[str, Any] | None:
-    """A hashable, type-strict key for equality: bools are not numbers, 1 == 1.0, None only equals None."""
-    if v is None:
-        return ("z", None)
-    if isinstance(v, bool):
-        return ("b", v)
-    if isinstance(v, (int, float)):
-        return ("n", v)
-    if isinstance(v, str):
-        return ("s", v)
-    return None  # objects and lists never equal a scalar operand
-
-
-def _check_scalar(op: str, key: str, operand: Any) -> None:
-    if _tag(operand) is None or (isinstance(operand, float) and not math.isfinite(operand)):
-        raise InvalidInput(f"filter {key!r}: {op} takes a string, number, boolean or null", details={"key": key})
-
-
-def _lookup(meta: Mapping[str, Any], key: str) -> Any:
-    if key in meta:
-        return meta[key]
-    if "." in key:  # Vectorize: '.' addresses nested properties
-        cur: Any = meta
-        for part in key.split("."):
-            if not isinstance(cur, Mapping) or part not in cur:
-                return _MISSING
-            cur = cur[part]
-        return cur
-    return _MISSING
-
-
-def _any(value: Any, pred: Callable[[Any], bool]) -> bool:
-    if isinstance(value, list):
-        return any(pred(e) for e in value)
-    return pred(value)
-
-
-def _range_pred(op: str, key: str, operand: Any) -> Callable[[Any], bool]:
-    if isinstance(operand, bool) or not isinstance(operand, (int, float, str)):
-        raise InvalidInput(f"filter {key!r}: {op} takes a number or a string", details={"key": key})
-    if isinstance(operand, float) and not math.isfinite(operand):
-        raise InvalidInput(f"filter {key!r}: {op} takes a finite number", details={"key": key})
-    if isinstance(operand, str):
-
-        def same_type(x: Any) -> bool:
-            return isinstance(x, str)
-
-    else:
-
-        def same_type(x: Any) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-    if op == "$lt":
-        return lambda x: same_type(x) and x < operand
-    if op == "$lte":
-        return lambda x: same_type(x) and x <= operand
-    if op == "$gt":
-        return lambda x: same_type(x) and x > operand
-    return lambda x: same_type(x) and x >= operand
-
-
-def _op_check(key: str, op: str, operand: Any) -> Callable[[Any], bool]:
-    """A check of one operator against a looked-up value (``_MISSING`` when the key is absent)."""
-    if op in ("$eq", "$ne"):
-        _check_scalar(op, key, operand)
-        if isinstance(operand, str):  # a str only ever equals a str
-
-            def eq(v: Any) -> bool:
-                return v == operand or (type(v) is list and operand in v)
-
-        elif isinstance(operand, bool) or operand is None:  # singletons: identity is equality
-
-            def eq(v: Any) -> bool:
-                return v is operand or (type(v) is list and any(x is operand for x in v))
-
-        else:  # a number: equal numbers, never booleans (True == 1 in Python, not in JSON)
-
-            def eq(v: Any) -> bool:
-                t = type(v)
-                if t is int or t is float:
-                    return v == operand
-                if t is list:
-                    return any((type(x) is int or type(x) is float) and x == operand for x in v)
-                return False
-
-        if op == "$eq":
-            return eq
-        return lambda v: not eq(v)  # a missing key is "not equal"
-    if op in ("$in", "$nin"):
-        if not isinstance(operand, (list, tuple)):
-            raise InvalidInput(f"filter {key!r}: {op} takes an array", details={"key": key})
-        for item in operand:
-            _check_scalar(op, key, item)
-        if all(isinstance(item, str) for item in operand):
-            strs = frozenset(operand)
-
-            def isin(v: Any) -> bool:
-                if type(v) is str:
-                    return v in strs
-                if type(v) is list:
-                    return any(type(x) is str and x in strs for x in v)
-                return False
-
-        else:
-            wanted = frozenset(_tag(item) for item in operand)
-
-            def isin(v: Any) -> bool:
-                return v is not _MISSING and _any(v, lambda x: _tag(x) in wanted)
-
-        if op == "$in":
-            return isin
-        return lambda v: not isin(v)  # a missing key is "not in"
-    pred = _range_pred(op, key, operand)
-    return lambda v: v is not _MISSING and _any(v, pred)
-
-
-def compile_filter(flt: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], bool] | None:
-    """Validate a Vectorize metadata filter and turn it into a predicate over a metadata mapping.
-
-    ``{"kind": "note", "tags": {"$in": ["a", "b"]}, "created": {"$gte": 10, "$lt": 20}}``: keys are ANDed, a bare
-    value means ``$eq``. A list-valued property matches ``$eq``/``$in`` (and ranges) when any element does, and
-    ``$ne``/``$nin`` when no element does. A missing property matches only ``$ne``/``$nin``.
-    """
-    if not flt:
-        return None
-    if not isinstance(flt, Mapping):
-        raise InvalidInput("filter must be an object")
-    try:
-        size = len(json.dumps(flt, separators=(",", ":"), allow_nan=False).encode())
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"filter is not valid JSON: {exc}") from exc
-    if size >= MAX_FILTER_BYTES:
-        raise InvalidInput(f"filter JSON must be under {MAX_FILTER_BYTES} bytes", details={"bytes": size})
-    clauses: list[tuple[str, Callable[[Any], bool]]] = []
-    for key, cond in flt.items():
-        if not isinstance(key, str) or not key or key.startswith("$") or '"' in key or len(key) > MAX_FILTER_KEY_CHARS:
-            raise InvalidInput(f"invalid filter key {key!r}", details={"key": str(key)})
-        if isinstance(cond, Mapping):
-            if not cond:
-                raise InvalidInput(f"filter {key!r}: empty condition", details={"key": key})
-            for op, operand in cond.items():
-                if op not in _OPS:
-                    raise InvalidInput(f"filter {key!r}: unknown operator {op!r}", details={"key": key})
-                clauses.append((key, _op_check(key, op, operand)))
-        else:
-            clauses.append((key, _op_check(key, "$eq", cond)))
-    if any("." in key for key, _ in clauses):
-
-        def predicate(meta: Mapping[str, Any]) -> bool:
-            return all(check(_lookup(meta, key)) for key, check in clauses)
-
-        return predicate
-
-    def predicate(meta: Mapping[str, Any]) -> bool:
-        get = meta.get
-        for key, check in clauses:
-            if not check(get(key, _MISSING)):
-                return False
-        return True
-
-    return predicate
-
-
-# -- in-memory namespace ---------------------------------------------------------------------------
-
-
-class _Namespace:
-    """Unit rows of one namespace in a contiguous matrix, with ids and (lazily parsed) metadata alongside."""
-
-    __slots__ = ("name", "lock", "mat", "n", "ids", "metas", "pos")
-
-    def __init__(self, name: str, dims: int, mat: np.ndarray | None = None, ids=None, metas=None) -> None:
-        self.name = name
-        self.lock = threading.Lock()
-        self.ids: list[str] = ids or []
-        self.metas: list[dict[str, Any] | str] = metas or []  # str = JSON not parsed yet
-        self.n = len(self.ids)
-        if mat is None:
-            mat = np.empty((_MIN_CAPACITY, dims), dtype=np.float32)
-        self.mat = mat
-        self.pos: dict[str, int] = {vid: i for i, vid in enumerate(self.ids)}
-
-    # all methods below: caller holds self.lock
-
-    def meta(self, i: int) -> dict[str, Any]:
-        m = self.metas[i]
-        if isinstance(m, str):
-            m = json.loads(m)
-            self.metas[i] = m
-        return m
-
-    def put(self, vid: str, row: np.ndarray, meta: dict[str, Any]) -> None:
-        i = self.pos.get(vid)
-        if i is None:
-            if self.n == self.mat.shape[0]:
-                grown = np.empty((max(_MIN_CAPACITY, 2 * self.mat.shape[0]), self.mat.shape[1]), dtype=np.float32)
-                grown[: self.n] = self.mat[: self.n]
-                self.mat = grown
-            i = self.n
-            self.n += 1
-            self.ids.append(vid)
-            self.metas.append(meta)
-            self.pos[vid] = i
-        else:
-            self.metas[i] = meta
-        self.mat[i] = row
-
-    def remove(self, vid: str) -> None:
-        i = self.pos.pop(vid, None)
-        if i is None:
-            return
-        last = self.n - 1
-        if i != last:
-            self.mat[i] = self.mat[last]
-            moved = self.ids[last]
-            self.ids[i] = moved
-            self.metas[i] = self.metas[last]
-            self.pos[moved] = i
-        self.ids.pop()
-        self.metas.pop()
-        self.n = last
-        cap = self.mat.shape[0]
-        if cap > 4 * _MIN_CAPACITY and self.n < cap // 4:  # give memory back after mass deletes
-            self.mat = self.mat[: max(_MIN_CAPACITY, cap // 2)].copy()
-
-    def clear(self) -> None:
-        self.ids, self.metas, self.pos, self.n = [], [], {}, 0
-        self.mat = np.empty((_MIN_CAPACITY, self.mat.shape[1]), dtype=np.float32)
-
-    def search(
-        self,
-        q: np.ndarray,
-        top_k: int,
-        predicate: Callable[[Mapping[str, Any]], bool] | None,
-        return_metadata: bool,
-        return_values: bool,
-    ) -> list[VectorMatch]:
-        n = self.n
-        if n == 0:
-            return []
-        mat = self.mat[:n]
-        # small: BLAS (single-threaded at this size, fastest). Large: numpy's own single-threaded SIMD loop,
-        # because OpenBLAS splits bigger gemv calls across threads, and on a busy machine (the embedding worker,
-        # other requests) a descheduled BLAS thread stalls the product for a whole scheduler slice: measured
-        # 10k x 384 at 0.7 ms -> 12 ms median, 100k at ~10 ms -> 44 ms. einsum stays memory-bound and steady.
-        scores = mat @ q if mat.size <= _BLAS_MAX_FLOATS else np.einsum("ij,j->i", mat, q)
-        picked: list[int] = []
-        if predicate is None:
-            if top_k >= n:
-                picked = np.argsort(-scores, kind="stable").tolist()
-            else:
-                part = np.argpartition(scores, n - top_k)[n - top_k :]
-                picked = part[np.argsort(-scores[part], kind="stable")].tolist()
-        else:
-            # walk candidates in score order, widening the window until top_k pass the filter
-            window = min(n, max(4 * top_k, 64))
-            verdicts: dict[int, bool] = {}  # the filter runs at most once per vector
-            while True:
-                if window >= n:
-                    order = np.argsort(-scores, kind="stable")
-                else:
-                    part = np.argpartition(scores, n - window)[n - window :]
-                    order = part[np.lexsort((part, -scores[part]))]
-                metas = self.metas
-                for i in order.tolist():
-                    ok = verdicts.get(i)
-                    if ok is None:
-                        m = metas[i]
-                        if type(m) is str:
-                            m = metas[i] = json.loads(m)
-                        ok = verdicts[i] = predicate(m)
-                    if ok:
-                        picked.append(i)
-                        if len(picked) == top_k:
-                            break
-                if len(picked) == top_k or window >= n:
-                    break
-                # widen and walk again from the top (cheap: verdicts are remembered); walking again rather
-                # than resuming keeps the order exact when ties straddle the old window's edge
-                window = min(n, window * 8)
-                picked = []
-        if not picked:
-            return []
-        sel = [min(1.0, max(-1.0, x)) for x in scores[picked].tolist()]
-        ids, name = self.ids, self.name
-        if not (return_metadata or return_values):
-            return [VectorMatch(ids[i], s, name) for i, s in zip(picked, sel)]
-        return [
-            VectorMatch(
-                ids[i],
-                s,
-                name,
-                _copy_json(self.meta(i)) if return_metadata else None,
-                self.mat[i].tolist() if return_values else None,
-            )
-            for i, s in zip(picked, sel)
-        ]
-
-
-def _copy_json(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _copy_json(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copy_json(x) for x in v]
-    return v
-
-
 # -- validation ------------------------------------------------------------------------------------
 
 
-def _unit_rows(values: Sequence[Any], dims: int, what: str) -> np.ndarray:
-    try:
-        mat = np.asarray(values, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what}: values must be numbers") from exc
-    if mat.ndim != 2 or mat.shape[1] != dims:
-        got = mat.shape[-1] if mat.ndim >= 1 else 0
-        raise InvalidInput(f"{what}: expected {dims} dimensions, got {got}", details={"dimensions": dims, "got": got})
-    if not np.isfinite(mat).all():
-        raise InvalidInput(f"{what}: values must be finite")
-    norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-    if (norms == 0).any():
-        raise InvalidInput(f"{what}: the zero vector has no direction")
-    return (mat / norms[:, None]).astype(np.float32)
-
-
-def _unit_query(vector: Any, dims: int) -> np.ndarray:
-    try:
-        q = np.asarray(vector, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput("query vector: values must be numbers") from exc
-    if q.shape != (dims,):
-        raise InvalidInput(f"query vector: expected {dims} dimensions, got shape {q.shape}", details={"dimensions": dims})
-    norm = math.sqrt(float(np.dot(q, q)))  # NaN or inf anywhere makes this non-finite
-    if not math.isfinite(norm) or norm == 0.0:
-        raise InvalidInput("query vector: values must be finite and not all zero")
-    return q / np.float32(norm)
 
 
 def _check_name(kind: str, value: Any, limit: int) -> str:
@@ -490,7 +146,7 @@ class LocalVectorIndex:
         self._closed = False
         self._write_lock = threading.RLock()  # writers, namespace loads, and every use of the connection
         self._ns_lock = threading.Lock()  # the namespace registry
-        self._spaces: dict[str, _Namespace] = {}
+        self._spaces: dict[str, Namespace] = {}
         if self.path is None:
             self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         else:
@@ -614,7 +270,7 @@ class LocalVectorIndex:
                     details={"id": v.id, "dimensions": self.dimensions, "got": got},
                 )
             rows.append(vals)
-        unit = _unit_rows(rows, self.dimensions, "upsert")
+        unit = unit_rows(rows, self.dimensions, "upsert")
         metas = [_meta_json(v.metadata, v.id) for v in vectors]
         ids = [v.id for v in vectors]
         blobs = [unit[i].astype("<f4").tobytes() for i in range(len(vectors))]
@@ -679,7 +335,7 @@ class LocalVectorIndex:
                     space.clear()
             return mid
 
-    def _load_sync(self, namespace: str) -> _Namespace:
+    def _load_sync(self, namespace: str) -> Namespace:
         with self._write_lock:  # no write can commit between our read and the install
             self._check_open()
             with self._ns_lock:
@@ -689,7 +345,7 @@ class LocalVectorIndex:
             d = self.dimensions
             width = 4 * d
             (count,) = self._db.execute("SELECT COUNT(*) FROM vectors WHERE namespace = ?", (namespace,)).fetchone()
-            mat = np.empty((max(_MIN_CAPACITY, count + count // 4), d), dtype=np.float32)
+            mat = np.empty((max(MIN_CAPACITY, count + count // 4), d), dtype=np.float32)
             raw = memoryview(mat).cast("B")  # rows are copied straight into the matrix, no intermediate
             ids: list[str] = []
             metas: list[Any] = []
@@ -703,7 +359,7 @@ class LocalVectorIndex:
                 metas.append(meta)  # JSON text, parsed on first use
                 n += 1
             raw.release()
-            space = _Namespace(namespace, d, mat, ids, metas)
+            space = Namespace(namespace, d, mat, ids, metas)
             with self._ns_lock:
                 self._spaces[namespace] = space
             return space
@@ -770,7 +426,7 @@ class LocalVectorIndex:
         top_k = int(top_k)
         if not isinstance(namespace, str) or not namespace:
             raise InvalidInput("query namespace must be a non-empty string")
-        q = _unit_query(vector, self.dimensions)
+        q = unit_query(vector, self.dimensions)
         predicate = compile_filter(filter)
         with self._ns_lock:
             space = self._spaces.get(namespace)
@@ -778,8 +434,8 @@ class LocalVectorIndex:
             space = await asyncio.to_thread(self._load_sync, namespace)
         args = (q, top_k, predicate, bool(return_metadata), bool(return_values))
         if space.n * self.dimensions <= INLINE_QUERY_MAX_FLOATS:
-            return _search_locked(space, args)
-        return await asyncio.to_thread(_search_locked, space, args)
+            return search_locked(space, args)
+        return await asyncio.to_thread(search_locked, space, args)
 
     async def get_by_ids(self, ids: Sequence[str]) -> list[Vector]:
         """Stored vectors (unit length), in the order asked, unknown ids omitted."""
@@ -852,8 +508,3 @@ async def _writing(fn: Callable[..., T], *args: Any) -> T:
         if full is not None:
             raise full from exc
         raise
-
-
-def _search_locked(space: _Namespace, args: tuple) -> list[VectorMatch]:
-    with space.lock:
-        return space.search(*args)
