@@ -19,10 +19,11 @@ from services.jobs.worker import JobWorker
 from services.search.indexing import EMBED_JOB, reconcile_org
 from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
 from services.search.recent_vectors import RecentVectors, cached_embed_handler
-from services.search.search import Hydrator, Search, hydrate_thoughts
+from services.search.search import Hydrator, Search
 from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.storage.scoped import OrgSql, OrgVectors
 from services.thoughts.decisions import Decisions
+from services.thoughts.hydrator import hydrate_thoughts
 from services.thoughts.thoughts import ThoughtLimits, Thoughts
 from tenancy.addresses import ClientAddresses
 from tenancy.auth import AuthLimits, Authenticator

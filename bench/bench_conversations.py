@@ -46,7 +46,8 @@ from api.settings import Settings  # noqa: E402
 from api.wiring import Memex  # noqa: E402
 from services.conversations.compression import encode_content  # noqa: E402
 from services.conversations.models import MessageIn  # noqa: E402
-from services.search.search import SearchOptions, fts_query  # noqa: E402
+from services.search.fusion import fts_query  # noqa: E402
+from services.search.search import SearchOptions  # noqa: E402
 from tenancy.models import AuthContext  # noqa: E402
 
 SCIFACT = ROOT.parent / "shared" / "data" / "scifact" / "corpus.jsonl"

@@ -164,7 +164,7 @@ async def main() -> None:
     p.add_argument("--skip-product", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
-    from services.search.search import fts_query
+    from services.search.fusion import fts_query
 
     data = build(args.convs, args.sessions, args.turns, seed=args.seed)
     n_turns = sum(len(data.turns(i)) for i in range(len(data.conversations)))

@@ -1,4 +1,4 @@
-"""Calibrates the relevance floor (services.search.search): which cosine / keyword-coverage cut-offs drop the hits of
+"""Calibrates the relevance floor (services.search.relevance): which cosine / keyword-coverage cut-offs drop the hits of
 queries about things the organization never wrote, and what they cost on real queries.
 
 Runs in process against a data directory already holding BEIR SciFact (made by ``bench/bench_scifact.py
@@ -47,7 +47,7 @@ OFF_TOPIC = [
 async def run(data_dir: Path, dataset: Path, grid: list[tuple[float | None, float]]) -> None:
     from api.settings import Settings
     from api.wiring import Memex
-    import services.search.search as search_mod
+    import services.search.relevance as relevance
     from services.search.search import SearchOptions
     from tenancy.models import AuthContext
 
@@ -65,7 +65,7 @@ async def run(data_dir: Path, dataset: Path, grid: list[tuple[float | None, floa
           f"{'off-topic hits/q (mean, max, zero-hit share)':>46}")
     for cos_floor, cov_floor in grid:
         emb.relevance_floor = cos_floor
-        search_mod.KEYWORD_COVERAGE_FLOOR = cov_floor
+        relevance.KEYWORD_COVERAGE_FLOOR = cov_floor
         runs = {}
         for qid, text in queries.items():
             res = await org.search.search(SearchOptions(query=text, top_k=100))

@@ -183,7 +183,7 @@ class Embedder(Protocol):
     dimensions: int
     max_tokens: int
     #: The cosine below which a query-text pair is weak evidence of relevance for this model (calibrated on
-    #: data; services.search.search's relevance floor). None: no floor for this model's vector side.
+    #: data; services.search.relevance's floor). None: no floor for this model's vector side.
     relevance_floor: float | None
 
     def count_tokens(self, text: str) -> int:

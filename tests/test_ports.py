@@ -26,7 +26,8 @@ from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ports import LLM, Embedder, Reranker, SqlDatabase, Vector, VectorIndex, missing_members, require
 from services.search.recent_vectors import OrgCachedEmbedder, RecentVectors
 from services.storage.scoped import OrgSql
-from services.search.search import Hydrator, ThoughtHydrator, hydrate_thoughts
+from services.search.search import Hydrator
+from services.thoughts.hydrator import ThoughtHydrator, hydrate_thoughts
 from services.storage.pool import HandlePool, PooledDatabase, PooledIndex
 from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM
 

@@ -17,7 +17,8 @@ from services.search.ranking import (
     DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, frequency,
     importance, is_rollup, penalty, recency, use_weight, uses_now,
 )
-from services.search.search import Search, SearchOptions, hydrate_thoughts
+from services.search.search import Search, SearchOptions
+from services.thoughts.hydrator import hydrate_thoughts
 from services.thoughts.thoughts import Thoughts
 from services.jobs.worker import JobWorker
 from tests.stores import job_handlers, make_stores

@@ -1,4 +1,4 @@
-"""Fusion of the keyword and vector lists (services.search.search.fuse) and the optional reranking stage."""
+"""Fusion of the keyword and vector lists (services.search.fusion.fuse) and the optional reranking stage."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from services.errors import BackendError
 from services.models import SearchHit
-from services.search.search import VECTOR_WEIGHT, Search, fuse
+from services.search.fusion import VECTOR_WEIGHT, fuse
+from services.search.search import Search
 
 W = VECTOR_WEIGHT
 

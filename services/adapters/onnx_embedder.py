@@ -109,7 +109,7 @@ class OnnxMiniLMEmbedder:
     """``Embedder`` for sentence-transformers/all-MiniLM-L6-v2, int8-quantised ONNX, 384 dimensions."""
 
     model_id: str = "sentence-transformers/all-MiniLM-L6-v2@int8-onnx"
-    #: Cosine below which a match is weak evidence (services.search.search's relevance floor); see bench/README.md.
+    #: Cosine below which a match is weak evidence (services.search.relevance's floor); see bench/README.md.
     relevance_floor: float | None = 0.35
     dimensions: int = 384
     max_tokens: int = 256

@@ -65,7 +65,7 @@ from services.errors import NotFound
 from services.ids import now_ms
 from services.models import SearchHit
 from services.storage.scoped import OrgSql
-from services.search.search import explain_candidate
+from services.search.fusion import explain_candidate
 from services.text.temporal import resolve_relative
 
 __all__ = ["ConversationHydrator", "score_messages", "terms"]

@@ -4,7 +4,7 @@ Applied by ``services.search.search.Search`` on the hydrated hits, after fusion 
 (over-fetched by 3), after the optional reranker, before the top-k cut. Relevance decides; the other
 factors are bounded multipliers that reorder near-ties and cannot lift a weak match over a clearly better one:
 
-* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search.search), or the
+* relevance: the fused score (convex combination of normalised BM25 and cosine, services.search.fusion), or the
   reranker's score when a reranker ran.
 * recency: ``1 - RECENCY_SPAN * (1 - 0.5 ** (age / half_life))``, in [0.92, 1.0]: 1.0 now, 0.96 after one
   half-life, 0.92 for the very old. Half-lives by class: 7 days for a task, 90 for work, 180 for context; the

@@ -8,7 +8,7 @@ What is copied, and how:
   so does a legacy table that neither new schema has.
 * Implicit rowids are kept (``documents``' and the other rowid tables', and the FTS rowids), as are INTEGER
   PRIMARY KEYs: ``chunks.pk`` is ``chunks_fts``' rowid and ``documents_fts_keys.pk`` is ``documents_fts``' rowid
-  (services/search/search.py joins on them).
+  (services/search/ joins on them).
 * Triggers: the new schemas keep derived rows by triggers (``documents`` inserts write ``documents_fts_keys``,
   ``documents_fts`` and ``tag_counts``; ``chunks`` inserts write ``chunks_fts``). Copying through them would
   renumber ``documents_fts_keys.pk`` and recount ``tag_counts``; so each new database's triggers are dropped
