@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from api.composition.backend import Backend, build_backend, convert_legacy_layout
 from api.settings import Settings
-from services.conversations.conversations import ConversationLimits, Conversations, KeyedLocks
+from services.conversations.append import ConversationLimits, KeyedLocks
+from services.conversations.conversations import Conversations
 from services.conversations.search import ConversationHydrator
 from services.enrichment.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget

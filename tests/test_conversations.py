@@ -24,7 +24,9 @@ from api.conversations_cli import backfill_org
 from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.sqlite import SqliteDatabase
 from services.conversations.compression import decode_content, encode_content
-from services.conversations.conversations import ConversationLimits, Conversations, KeyedLocks, chunk_windows, window_starts
+from services.conversations.append import ConversationLimits, KeyedLocks
+from services.conversations.conversations import Conversations
+from services.conversations.messages import chunk_windows, window_starts
 from services.conversations.models import MessageIn
 from services.conversations.search import score_messages
 from services.storage.scoped import OrgSql

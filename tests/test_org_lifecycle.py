@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from api.limits import MAX_BODY_BYTES
-from services.conversations.conversations import chunk_windows
+from services.conversations.messages import chunk_windows
 from tests.conftest import Live, Org, assert_error, provision_emulator, signup, start_live
 from tests.decision_doubles import ScriptedLLM
 

@@ -17,7 +17,7 @@ from services.bundle.records import (
     HistoryRecord, KeyRecord, LinkRecord, MembershipRecord, MessageRecord, ServiceTokenRecord, ThoughtRecord,
     Trailer, latest_schema,
 )
-from services.conversations.conversations import message_from_row
+from services.conversations.messages import message_from_row
 from services.ids import now_ms
 from services.storage.scoped import OrgSql
 

@@ -27,7 +27,7 @@ from services.bundle.records import (
     ImportResult, KeyRecord, KnowledgeBaseRecord, MembershipRecord, ServiceTokenRecord, Trailer,
 )
 from services.bundle.rows import Pending, Rows, refuse
-from services.conversations.conversations import ConversationLimits
+from services.conversations.append import ConversationLimits
 from services.enrichment.enrichment import ENRICH_JOB
 from services.errors import Conflict, InvalidInput
 from services.ids import now_ms

@@ -19,7 +19,8 @@ import anyio.to_thread
 
 from services.bundle.records import ConversationRecord, HistoryRecord, LinkRecord, MessageRecord, ThoughtRecord
 from services.conversations.compression import encode_content
-from services.conversations.conversations import STRIDE, WINDOW, ConversationLimits, format_line, window_starts
+from services.conversations.append import ConversationLimits
+from services.conversations.messages import STRIDE, WINDOW, format_line, window_starts
 from services.errors import InvalidInput, PayloadTooLarge
 from services.ids import new_id
 from services.models import check_metadata
@@ -203,7 +204,7 @@ class Rows:
         meta = self._metadata(number, r.metadata, self.conversation_limits.max_metadata_bytes)
         conv.seen = r.sequence
         conv.tail.append((r.sequence, r.role, r.content))
-        # Windows of WINDOW messages with stride STRIDE (services.conversations.conversations): each written once, final.
+        # Windows of WINDOW messages with stride STRIDE (services.conversations.messages): each written once, final.
         windows = []
         start = r.sequence - WINDOW + 1
         if start >= 1 and (start - 1) % STRIDE == 0:

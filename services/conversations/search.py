@@ -60,7 +60,7 @@ import msgspec
 
 from services.conversations.compression import decode_content
 
-from services.conversations.conversations import format_line, message_from_row
+from services.conversations.messages import format_line, message_from_row
 from services.errors import NotFound
 from services.ids import now_ms
 from services.models import SearchHit
