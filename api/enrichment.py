@@ -11,7 +11,7 @@ from litestar.params import Parameter
 from api.errors import error_responses
 from api.routes import ADMIN, AUTH_ERRORS, org_services
 from api.wiring import OrgServices
-from services.enrichment.enrichment import EnrichBackfillResult
+from services.enrichment.backfill import Backfill, EnrichBackfillResult
 
 __all__ = ["backfill_enrich", "enrichment_handlers"]
 
@@ -27,7 +27,7 @@ async def backfill_enrich(
                                             description="cursor of the previous call (default: the stored checkpoint)")] = None,
     restart: Annotated[bool, Parameter(description="drop the checkpoint and start again at pass 1")] = False,
 ) -> EnrichBackfillResult:
-    return await org.enrichment.backfill(batch_size=batch_size, cursor=cursor, restart=restart)
+    return await Backfill(org.enrichment).run(batch_size=batch_size, cursor=cursor, restart=restart)
 
 
 enrichment_handlers = [backfill_enrich]

@@ -50,20 +50,23 @@ class Progress:
 
 async def backfill_enrich_org(enricher: Any, *, batch_size: int = 50, restart: bool = False, label: str = "",
                               stream: TextIO | None = None) -> dict:
-    """Run one organization's backfill until it is done or stops (budget); returns totals."""
+    """Run one organization's backfill (of its ``Enricher``) until it is done or stops (budget); returns totals."""
+    from services.enrichment.backfill import Backfill  # the services load with the command, not with the parser
+
+    backfill = Backfill(enricher)
     if restart:
-        first = await enricher.backfill(batch_size=batch_size, restart=True)
-        bar = Progress(first.processed + await enricher.backfill_left(), label or "enrich", stream)
+        first = await backfill.run(batch_size=batch_size, restart=True)
+        bar = Progress(first.processed + await backfill.left(), label or "enrich", stream)
         bar.update(first.processed, first.phase)
     else:
         first = None
-        bar = Progress(await enricher.backfill_left(), label or "enrich", stream)
+        bar = Progress(await backfill.left(), label or "enrich", stream)
     totals: dict[str, Any] = {"processed": 0, "enriched": 0, "failed": 0, "cursor": None, "done": False, "stopped": None}
     try:
         res = first
         while True:
             if res is None:
-                res = await enricher.backfill(batch_size=batch_size)
+                res = await backfill.run(batch_size=batch_size)
                 bar.update(res.processed, res.phase)
             for k in ("processed", "enriched", "failed"):
                 totals[k] += getattr(res, k)
