@@ -2,7 +2,9 @@
 
 Write path: the document row, its chunks, their keyword rows (by trigger) and an embedding job go in one
 atomic batch. The capture is acknowledged then: durable and keyword-searchable at once; the job worker
-embeds the chunks and upserts their vectors moments later.
+embeds the chunks and upserts their vectors moments later. A capture may first be decided against what the
+organization has (``services.thoughts.decisions``); a merge or a replace then supersedes the other thought
+(``services.thoughts.supersede``).
 """
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.text.chunking import chunk_text, default_chunk_params
 from services.enrichment.enrichment import enqueue_enrich
 from services.errors import InvalidInput, NotFound, PayloadTooLarge
-from services.thoughts.decisions import Decisions, Plan
-from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
+from services.ids import new_id, now_ms
 from services.models import (
     CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage, check_metadata,
 )
 from services.ports import Embedder
-from services.search.indexing import EMBED_JOB, enqueue_embed
+from services.search.indexing import enqueue_embed
 from services.storage.scoped import OrgSql, OrgVectors
-from services.ids import new_id, now_ms
+from services.text.chunking import chunk_text, default_chunk_params
+from services.thoughts import supersede
+from services.thoughts.decisions import Decisions, Plan
+from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
 
 __all__ = ["ThoughtLimits", "Thoughts", "thought_from_row"]
 
@@ -133,7 +136,8 @@ class Thoughts:
             plan = Plan("created", vector=plan.vector)  # deleted meanwhile: nothing to be a duplicate of
         stored = (content, digest, source, meta_json, pieces)
         if plan.action == "merge":
-            merged, plan = await self._merged(plan, source, metadata)
+            merged, plan = await supersede.merged(self.sql, self.embedder, plan, source, metadata,
+                                                  max_metadata_bytes=self.limits.max_metadata_bytes)
             stored = merged or stored
         doc_id = new_id()
         extra = []
@@ -154,7 +158,7 @@ class Thoughts:
         if plan.action in ("replace", "merge"):
             incoming = (content, digest, source, meta_json) if plan.action == "merge" else None
             try:
-                await self._supersede(doc_id, plan, now, incoming)
+                await supersede.supersede(self.sql, self.vectors, doc_id, plan, now, incoming)
             except Exception:  # the new thought is stored; the old one stays as it was: both kept
                 log.warning("could not supersede %s by %s", plan.related_id, doc_id, exc_info=True)
                 if incoming is not None:  # the merged text is stored, the incoming one is not: store it too
@@ -203,77 +207,6 @@ class Thoughts:
             created_at=now,
             updated_at=now,
         )
-
-    async def _merged(self, plan: Plan, source: str | None, metadata: dict[str, Any] | None):
-        """What a merge stores: the model's merged content, the request's source (else the target's) and the
-        target's metadata updated with the request's. None (keep both) when that cannot be stored."""
-        merged = plan.merged_content or ""
-        m_digest = hashlib.sha256(merged.encode("utf-8")).hexdigest()
-        target = await self.sql.one(
-            "SELECT source, metadata, (SELECT id FROM documents WHERE organization_id = ?1 AND content_hash = ?3) AS clash "
-            "FROM documents WHERE organization_id = ?1 AND id = ?2",
-            [plan.related_id, m_digest],
-        )
-        if target is None:
-            why = "not merged: the other thought was deleted meanwhile; kept both"
-        elif target["clash"] is not None:
-            why = f"not merged: the merged text is already stored as {target['clash']}; kept both"
-        else:
-            meta = {**json.loads(target["metadata"] or "{}"), **(metadata or {})}
-            try:
-                meta_json = check_metadata(meta, self.limits.max_metadata_bytes)
-            except PayloadTooLarge:
-                meta_json = check_metadata(metadata, self.limits.max_metadata_bytes)
-            max_tokens, overlap = default_chunk_params(self.embedder)
-            pieces = chunk_text(merged, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens, overlap_tokens=overlap)
-            return (merged, m_digest, source if source is not None else target["source"], meta_json, pieces), plan
-        log.info("merge refused: %s", why)
-        return None, Plan("keep_both", plan.related_id, why, plan.similarity, vector=plan.vector)
-
-    async def _supersede(self, new_doc: str, plan: Plan, now: int, incoming: tuple | None) -> None:
-        """After the new canonical thought is stored: move the old one to the history (with, for a merge, the
-        incoming content that was never stored on its own), then delete its rows, then its vectors."""
-        old = plan.related_id
-        action = "merged" if incoming is not None else "replaced"
-        chunk_ids = [
-            r["id"]
-            for r in await self.sql.rows(
-                "SELECT id FROM chunks WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2", [old]
-            )
-        ]
-        stmts = [
-            # earlier originals of the old thought now belong to the new canonical one
-            self.sql.stmt("UPDATE thought_history SET thought_id = ?2 WHERE organization_id = ?1 AND thought_id = ?3", new_doc, old),
-            self.sql.stmt(
-                "INSERT INTO thought_history (organization_id, id, thought_id, original_id, action, reason, content, "
-                "content_hash, source, metadata, summary, tags, original_created_at, original_updated_at, created_at) "
-                "SELECT ?1, ?2, ?3, id, ?4, ?5, content, content_hash, source, metadata, summary, tags, created_at, "
-                "updated_at, ?6 FROM documents WHERE organization_id = ?1 AND id = ?7",
-                new_id(), new_doc, action, plan.reason, now, old,
-            ),
-        ]
-        if incoming is not None:
-            content, digest, source, meta_json = incoming
-            stmts.append(self.sql.stmt(
-                "INSERT INTO thought_history (organization_id, id, thought_id, original_id, action, reason, content, "
-                "content_hash, source, metadata, summary, tags, original_created_at, original_updated_at, created_at) "
-                "VALUES (?1, ?2, ?3, NULL, 'merged', ?4, ?5, ?6, ?7, ?8, NULL, NULL, ?9, ?9, ?9)",
-                new_id(), new_doc, plan.reason, content, digest, source, meta_json, now,
-            ))
-            # the merged thought carries the old one's contradictions (it still says what the old one said)
-            stmts += [
-                self.sql.stmt("UPDATE OR IGNORE thought_links SET from_id = ?2 WHERE organization_id = ?1 AND from_id = ?3", new_doc, old),
-                self.sql.stmt("UPDATE OR IGNORE thought_links SET to_id = ?2 WHERE organization_id = ?1 AND to_id = ?3", new_doc, old),
-            ]
-        stmts += [
-            self.sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3", EMBED_JOB, old),
-            self.sql.stmt("DELETE FROM documents WHERE organization_id = ?1 AND id = ?2", old),  # chunks, links by trigger
-        ]
-        await self.sql.batch(stmts)
-        try:
-            await self.vectors.delete_by_ids(chunk_ids)
-        except Exception:  # the rows are gone: a stray vector is never shown (every read checks SQL)
-            log.warning("could not delete the vectors of superseded thought %s", old, exc_info=True)
 
     async def _result_of(self, doc_id: str | None) -> CaptureResult | None:
         row = await self.sql.one(
