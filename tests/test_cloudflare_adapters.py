@@ -35,7 +35,7 @@ from services.adapters.cloudflare import (
     WorkersAIEmbedder,
     WorkersAIReranker,
 )
-from services.adapters.cloudflare.d1 import is_idempotent, split_statements
+from services.adapters.cloudflare.d1_sql import is_idempotent, split_statements
 from services.adapters.cloudflare.vectorize import model_description
 from services.adapters.cloudflare.workers_ai import conservative_token_count
 from services.adapters.onnx_embedder import WordPieceCount

@@ -6,7 +6,7 @@
   refused before sending (``InvalidInput``), like the embedded adapter.
 * ``/raw`` (columns + rows arrays) is used rather than ``/query`` (an object per row): smaller, and rows are
   rebuilt into dicts here. ``endpoint="query"`` switches.
-* Limits are checked before sending, with a clear ``InvalidInput``: at most 100 bound parameters per statement
+* Limits are checked before sending (``services.adapters.cloudflare.d1_sql``), with a clear ``InvalidInput``: at most 100 bound parameters per statement
   (also no ``?NNN`` above 100) and at most 100,000 bytes of SQL text per statement; a bound string over
   2,000,000 bytes is ``PayloadTooLarge``. Long id lists belong in one bound JSON array read through
   ``json_each``.
@@ -34,15 +34,11 @@ sees a 503 and retries the whole operation, which our services make idempotent).
 
 from __future__ import annotations
 
-import math
-import re
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-from services.errors import BackendError, InsufficientStorage, InvalidInput, PayloadTooLarge
+from services.errors import BackendError, InsufficientStorage, InvalidInput
 from services.ports import SqlResult, SqlValue, Statement
 
 from .client import (
@@ -55,6 +51,7 @@ from .client import (
     CloudflareNotFound,
     CloudflareRateLimited,
 )
+from .d1_sql import bind_params, check_statement, is_idempotent, split_statements
 
 __all__ = [
     "D1Database",
@@ -62,16 +59,7 @@ __all__ = [
     "D1IntegrityError",
     "D1OperationalError",
     "D1ProgrammingError",
-    "MAX_PARAMS",
-    "MAX_STATEMENT_BYTES",
-    "split_statements",
-    "is_idempotent",
 ]
-
-MAX_PARAMS = 100
-MAX_STATEMENT_BYTES = 100_000
-MAX_VALUE_BYTES = 2_000_000
-JS_SAFE_INT = 2**53
 
 
 # -- errors ----------------------------------------------------------------------------------------------
@@ -117,179 +105,6 @@ def _sql_error(message: str, statement_index: int | None = None) -> D1Error:
     exc.d1_message = message
     exc.statement_index = statement_index
     return exc
-
-
-# -- SQL text --------------------------------------------------------------------------------------------
-
-
-def _code_only(sql: str) -> str:
-    """``sql`` with string literals, quoted identifiers and comments blanked out (same length)."""
-    out = list(sql)
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c in "'\"`":
-            j = i + 1
-            while j < n:
-                if sql[j] == c:
-                    if j + 1 < n and sql[j + 1] == c:
-                        j += 2
-                        continue
-                    break
-                j += 1
-            for k in range(i, min(j + 1, n)):
-                out[k] = " "
-            i = j + 1
-        elif c == "[":
-            j = sql.find("]", i + 1)
-            j = n - 1 if j < 0 else j
-            for k in range(i, j + 1):
-                out[k] = " "
-            i = j + 1
-        elif sql.startswith("--", i):
-            j = sql.find("\n", i)
-            j = n if j < 0 else j
-            for k in range(i, j):
-                out[k] = " "
-            i = j
-        elif sql.startswith("/*", i):
-            j = sql.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            for k in range(i, j):
-                out[k] = " "
-            i = j
-        else:
-            i += 1
-    return "".join(out)
-
-
-def split_statements(sql: str) -> list[str]:
-    """Complete statements of a script (trigger bodies with inner ``;`` stay whole), comments kept."""
-    code = _code_only(sql)
-    out: list[str] = []
-    start = 0
-    for i, ch in enumerate(code):
-        if ch == ";" and sqlite3.complete_statement(sql[start : i + 1]):
-            out.append(sql[start : i + 1])
-            start = i + 1
-    out.append(sql[start:])
-    return [s.strip() for s in out if _code_only(s).strip().strip(";").strip()]
-
-
-_WORD = re.compile(r"[A-Za-z_]+")
-_TXN = {"BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE"}
-_WRITES = {"INSERT", "UPDATE", "DELETE", "REPLACE"}
-_READS = ("SELECT", "WITH", "VALUES", "PRAGMA", "EXPLAIN")
-_NUMBERED = re.compile(r"\?(\d+)")
-
-
-def _words(code: str) -> list[str]:
-    return [w.upper() for w in _WORD.findall(code)]
-
-
-def is_idempotent(sql: str) -> bool:
-    """True when running ``sql`` twice leaves the same state and returns what the caller relies on."""
-    for stmt in split_statements(sql) or [sql]:
-        words = _words(_code_only(stmt))
-        if not words:
-            continue
-        first, ws = words[0], set(words)
-        if "RETURNING" in ws and first != "SELECT":
-            return False
-        if first in ("SELECT", "WITH", "VALUES", "EXPLAIN"):
-            if ws & _WRITES:
-                return False
-        elif first == "PRAGMA":
-            pass
-        elif first == "CREATE":
-            if not ("IF" in ws and "NOT" in ws and "EXISTS" in ws):
-                return False
-        elif first == "DROP":
-            if not ("IF" in ws and "EXISTS" in ws):
-                return False
-        elif first == "DELETE" or first == "REPLACE":
-            pass
-        elif first == "INSERT":
-            text = " ".join(words)
-            if not ("INSERT OR IGNORE" in text or "INSERT OR REPLACE" in text or "DO NOTHING" in text):
-                return False
-        else:
-            return False
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    statements: int
-    first_word: str
-    size: int
-    highest_numbered: int
-    idempotent: bool
-    read: bool
-
-
-@lru_cache(maxsize=4096)
-def _shape(sql: str) -> _Shape:
-    """What the adapter needs to know about a SQL text (cached: services use a few constant texts)."""
-    code = _code_only(sql)
-    words = _words(code)
-    return _Shape(
-        statements=len(split_statements(sql)),
-        first_word=words[0] if words else "",
-        size=len(sql.encode("utf-8")),
-        highest_numbered=max((int(m) for m in _NUMBERED.findall(code)), default=0),
-        idempotent=is_idempotent(sql),
-        read=bool(words) and words[0] in _READS and not (set(words) & _WRITES),
-    )
-
-
-def _check_statement(sql: str, params: Sequence[Any], where: str) -> _Shape:
-    if not isinstance(sql, str) or not sql.strip():
-        raise InvalidInput(f"{where}: empty SQL statement")
-    shape = _shape(sql)
-    if shape.first_word in _TXN:
-        raise InvalidInput(f"{where}: transactions are not allowed on D1 (a request is the transaction): use batch()")
-    if shape.size > MAX_STATEMENT_BYTES:
-        raise InvalidInput(
-            f"{where}: SQL statement is {shape.size} bytes; D1 accepts at most {MAX_STATEMENT_BYTES} "
-            "(bind long lists as one JSON array and read them with json_each)",
-            details={"bytes": shape.size, "limit": MAX_STATEMENT_BYTES},
-        )
-    count = max(len(params), shape.highest_numbered)
-    if count > MAX_PARAMS:
-        raise InvalidInput(
-            f"{where}: {count} bound parameters; D1 accepts at most {MAX_PARAMS} per statement "
-            "(bind long lists as one JSON array and read them with json_each)",
-            details={"params": count, "limit": MAX_PARAMS},
-        )
-    return shape
-
-
-def _param(value: SqlValue, where: str) -> Any:
-    if value is None or isinstance(value, str):
-        if isinstance(value, str) and len(value) * 4 > MAX_VALUE_BYTES and len(value.encode()) > MAX_VALUE_BYTES:
-            raise PayloadTooLarge(f"{where}: a bound string is over {MAX_VALUE_BYTES} bytes (D1's value limit)")
-        return value
-    if isinstance(value, bool):
-        return 1 if value else 0
-    if isinstance(value, int):
-        if not -JS_SAFE_INT <= value <= JS_SAFE_INT:
-            raise InvalidInput(
-                f"{where}: integer {value} is beyond +-2^53 and would lose precision through D1's JSON API: "
-                "store it as TEXT",
-            )
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidInput(f"{where}: NaN and Infinity cannot be bound over D1's JSON API")
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        raise InvalidInput(f"{where}: BLOB parameters are not supported over D1's JSON API: bind hex or base64 text")
-    raise InvalidInput(f"{where}: unsupported parameter type {type(value).__name__}")
-
-
-def _params(params: Sequence[SqlValue], where: str) -> list[Any]:
-    return [_param(p, f"{where}, parameter {i + 1}") for i, p in enumerate(params)]
 
 
 # -- the adapter -----------------------------------------------------------------------------------------
@@ -373,10 +188,10 @@ class D1Database:
 
     async def execute(self, sql: str, params: Sequence[SqlValue] = (), *, idempotent: bool | None = None) -> SqlResult:
         """Run one statement (its own implicit transaction)."""
-        shape = _check_statement(sql, params, "statement")
+        shape = check_statement(sql, params, "statement")
         if shape.statements > 1:
             raise InvalidInput("execute() runs one statement: use batch() or executescript()")
-        body = {"sql": sql, "params": _params(params, "statement")}
+        body = {"sql": sql, "params": bind_params(params, "statement")}
         idem = shape.idempotent if idempotent is None else idempotent
         items = await self._send(body, idempotent=idem)
         out = self._result(items[-1] if items else None)
@@ -392,11 +207,11 @@ class D1Database:
         idem = True
         for i, st in enumerate(statements):
             where = f"batch statement {i + 1}"
-            shape = _check_statement(st.sql, st.params, where)
+            shape = check_statement(st.sql, st.params, where)
             if shape.statements > 1:
                 raise InvalidInput(f"{where}: one statement per batch item")
             idem = idem and shape.idempotent
-            body_items.append({"sql": st.sql, "params": _params(st.params, where)})
+            body_items.append({"sql": st.sql, "params": bind_params(st.params, where)})
         if idempotent is not None:
             idem = idempotent
         items = await self._send({"batch": body_items}, idempotent=idem)
@@ -412,7 +227,7 @@ class D1Database:
         if not stmts:
             return
         for i, s in enumerate(stmts):
-            _check_statement(s, (), f"script statement {i + 1}")
+            check_statement(s, (), f"script statement {i + 1}")
         idem = is_idempotent(sql) if idempotent is None else idempotent
         await self._send({"sql": sql}, idempotent=idem)
 

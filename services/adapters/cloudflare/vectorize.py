@@ -11,7 +11,8 @@ Writes
     one is processed, all of the call's are.
 
 Asynchronous writes
-    Every ``mutationId`` this process receives is recorded in order. ``searchable(mutation_id)`` reads
+    Every ``mutationId`` this process receives is recorded in order (``MutationLog``, in
+    ``services.adapters.cloudflare.mutations``). ``searchable(mutation_id)`` reads
     ``/info`` (cached for ``info_max_age`` seconds, so many callers cost one request) and answers whether
     ``processedUpToMutation`` has passed that mutation: equal to it, or a mutation this process issued later,
     or — for ids of other instances / a previous run — a later UUIDv7 (ids of that version sort by time).
@@ -52,7 +53,6 @@ import json
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -63,6 +63,7 @@ from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
 from services.ports import Vector, VectorIndexInfo, VectorMatch, wait_searchable
 
 from .client import CloudflareApi, CloudflareNotFound
+from .mutations import MutationLog
 
 __all__ = [
     "VectorizeIndex",
@@ -91,7 +92,6 @@ DELETE_BATCH = 1000
 INDEXED_PROPERTIES: dict[str, str] = {"organization_id": "string", "kind": "string", "parent_id": "string"}
 
 _MODEL_TAG = re.compile(r"memex:model=(\S+)")
-_UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
 def model_description(model_id: str, dimensions: int) -> str:
@@ -101,60 +101,6 @@ def model_description(model_id: str, dimensions: int) -> str:
 def model_from_description(description: str | None) -> str | None:
     m = _MODEL_TAG.search(description or "")
     return m.group(1) if m else None
-
-
-class _MutationLog:
-    """The order of the mutation ids this process received, and how far /info has been seen to reach."""
-
-    def __init__(self, capacity: int = 200_000) -> None:
-        self.capacity = capacity
-        self._seq = 0
-        self._ids: OrderedDict[str, tuple[int, float, str | None]] = OrderedDict()  # id -> (seq, wall, processed then)
-        self.done_seq = 0  # every mutation with seq <= done_seq is processed
-        self.last_processed: str | None = None
-
-    def record(self, mutation_id: str) -> None:
-        if mutation_id in self._ids:
-            return
-        self._seq += 1
-        self._ids[mutation_id] = (self._seq, time.time(), self.last_processed)
-        while len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-
-    def seq(self, mutation_id: str) -> int | None:
-        hit = self._ids.get(mutation_id)
-        return hit[0] if hit else None
-
-    def observe(self, processed: str | None) -> None:
-        if processed is None:
-            return
-        self.last_processed = processed
-        s = self.seq(processed)
-        if s is not None and s > self.done_seq:
-            self.done_seq = s
-
-    def passed(self, mutation_id: str, processed: str | None, *, issued_at: float | None, settle: float) -> bool:
-        if not mutation_id:
-            return True
-        mine = self._ids.get(mutation_id)
-        if mine is not None and mine[0] <= self.done_seq:
-            return True
-        if processed is None:
-            return False
-        if processed == mutation_id:
-            return True
-        theirs = self.seq(processed)
-        if mine is not None and theirs is not None:
-            return theirs >= mine[0]
-        a, b = mutation_id.lower(), processed.lower()
-        if _UUID7.match(a) and _UUID7.match(b):
-            return b >= a
-        # opaque ids we cannot order: trust time, once the index has visibly moved since the write
-        when = mine[1] if mine is not None else issued_at
-        seen_then = mine[2] if mine is not None else None
-        if when is None:
-            return False
-        return processed != seen_then and time.time() - when >= settle
 
 
 class MetadataIndexReport(dict):
@@ -248,7 +194,7 @@ class VectorizeIndex:
         self._describe_lock = asyncio.Lock()
         self._info_lock = asyncio.Lock()
         self._info_cache: tuple[float, VectorIndexInfo] | None = None
-        self.mutations = _MutationLog()
+        self.mutations = MutationLog()
         self.last_mutation: str | None = None
 
     # -- the index itself ----------------------------------------------------------------------------
