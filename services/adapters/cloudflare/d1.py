@@ -6,10 +6,10 @@
   refused before sending (``InvalidInput``), like the embedded adapter.
 * ``/raw`` (columns + rows arrays) is used rather than ``/query`` (an object per row): smaller, and rows are
   rebuilt into dicts here. ``endpoint="query"`` switches.
-* Limits are checked before sending (``services.adapters.cloudflare.d1_sql``), with a clear ``InvalidInput``: at most 100 bound parameters per statement
-  (also no ``?NNN`` above 100) and at most 100,000 bytes of SQL text per statement; a bound string over
-  2,000,000 bytes is ``PayloadTooLarge``. Long id lists belong in one bound JSON array read through
-  ``json_each``.
+* Limits are checked before sending (``services.adapters.cloudflare.d1_sql``), with a clear ``InvalidInput``:
+  at most 100 bound parameters per statement (also no ``?NNN`` above 100) and at most 100,000 bytes of SQL
+  text per statement; a bound string over 2,000,000 bytes is ``PayloadTooLarge``. Long id lists belong in one
+  bound JSON array read through ``json_each``.
 * Parameters travel as JSON values: ``str`` and ``None`` as themselves, ``bool`` as 1/0, ``int``/``float``
   as JSON *numbers*. Cloudflare's API spec types ``params`` as strings, but a string would be compared as
   TEXT in ``LIMIT ?`` or against INTEGER columns without affinity; numbers keep SQLite semantics. (Verified
