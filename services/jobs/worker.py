@@ -87,6 +87,11 @@ class JobWorker:
         self._unconfirmed: set[str] = set()
         #: Organization -> earliest epoch ms a job of it may be ready (0: now).
         self._due: dict[str, int] = {}
+        #: Wakes per organization (a round only forgets an organization no wake touched while it ran) and the
+        #: retry times this process set when jobs failed: what the worker knows without asking the database.
+        self._wakes: dict[str, int] = {}
+        self._retry_at: dict[str, int] = {}
+        self._pending_cache: tuple[float, int] | None = None
         self._scanned = False
         #: Organizations out of space (a full disk, a database at its size limit): why, and the jobs claimed
         #: but put back (uncounted) once a write goes through again. The others' jobs go on meanwhile.
@@ -99,6 +104,7 @@ class JobWorker:
     def wake(self, org_id: str | None = None) -> None:
         if org_id is not None:
             self._due[org_id] = 0
+            self._wakes[org_id] = self._wakes.get(org_id, 0) + 1
             if self._async_index:
                 self._unconfirmed.add(org_id)
         self._probe_at = 0.0  # a write just went through somewhere: try the paused organizations again
@@ -263,6 +269,7 @@ class JobWorker:
                     break
                 if org_id in self._full:
                     continue  # waits for space; the others go on
+                wakes = self._wakes.get(org_id, 0)
                 try:
                     jobs = await self.claim(org_id)
                 except NotFound:  # the organization was deleted
@@ -285,12 +292,15 @@ class JobWorker:
                 ran += len(jobs)
                 if self._async_index and jobs:
                     self._unconfirmed.add(org_id)
-                if len(jobs) < self.batch:
-                    due = await _next_due((await self.stores.open(org_id)).sql)
-                    if due is None:
+                if len(jobs) < self.batch and self._wakes.get(org_id, 0) == wakes:
+                    # Nothing more is ready. What is left is retries this process scheduled (known without a
+                    # query: on D1 each query is an API request); leases of a crashed instance are found by
+                    # the start-up scan.
+                    retry = self._retry_at.pop(org_id, None)
+                    if retry is None:
                         self._due.pop(org_id, None)
                     else:
-                        self._due[org_id] = due
+                        self._due[org_id] = retry
             return ran
         finally:
             self._busy -= 1
@@ -315,6 +325,9 @@ class JobWorker:
             self.failed += 1
             final = job.attempts >= MAX_ATTEMPTS
             delay = min(300_000, 500 * 2 ** job.attempts)
+            if not final:
+                at = now_ms() + delay
+                self._retry_at[job.organization_id] = min(at, self._retry_at.get(job.organization_id, at))
             log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
             await sql.execute(
                 "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
@@ -375,7 +388,17 @@ class JobWorker:
             await asyncio.sleep(0.1)
 
     async def pending(self) -> int:
-        """Jobs queued in the organizations known to have work."""
+        """Jobs queued in the organizations known to have work (``/health``). Counted at most every 2 s:
+        each organization counted is a query (on D1 an API request), so a monitor polling /health cannot
+        turn into one query per organization per poll."""
+        cached = self._pending_cache
+        if cached is not None and time.monotonic() - cached[0] < 2.0:
+            return cached[1]
+        total = await self._count_pending()
+        self._pending_cache = (time.monotonic(), total)
+        return total
+
+    async def _count_pending(self) -> int:
         total = 0
         for org_id in list(self._due):
             try:

@@ -216,8 +216,8 @@ class _BaseStores:
 
 
 class EmbeddedOrgStores(_BaseStores):
-    """Per-organization SQLite files under ``<data dir>/orgs/``, at most ``max_open`` open at once (databases
-    and vector files counted together)."""
+    """Per-organization SQLite files under ``<data dir>/orgs/``, at most ``max_open`` organizations open at once (a
+    database and a vector file each: the pool holds twice as many handles)."""
 
     backend = "sqlite"
 
@@ -230,7 +230,7 @@ class EmbeddedOrgStores(_BaseStores):
         self.dimensions = dimensions
         self.open_database = open_database
         self.open_index = open_index
-        self.pool = HandlePool(max_open)
+        self.pool = HandlePool(2 * max_open)  # an organization open is two handles: database and vectors
 
     def directory(self, org_id: str) -> Path:
         return self.root / valid_org_id(org_id)
