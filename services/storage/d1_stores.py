@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from services.storage.migrate import ORG_DIR, apply_pending
+from services.storage.migrate import ORG_DIR, apply_all_fresh
 from services.ports import SqlDatabase, Statement, VectorIndex
 from services.storage.stores import OrgStore, _BaseStores, _latest, valid_org_id
 
@@ -78,7 +78,7 @@ class D1OrgStores(_BaseStores):
 
     async def provision(self, org_id: str) -> Statement:
         uuid = await self.admin.create_database(database_name(org_id))
-        await apply_pending(self._database(uuid), ORG_DIR)
+        await apply_all_fresh(self._database(uuid), ORG_DIR)  # one request
         return self.routing.insert(org_id, self.backend, uuid, account=self.account, vector_index=self.index_name)
 
     async def discard(self, org_id: str) -> None:

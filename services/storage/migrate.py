@@ -24,8 +24,8 @@ from pathlib import Path
 
 from services.ports import SqlDatabase
 
-__all__ = ["MIGRATIONS_DIR", "CONTROL_DIR", "ORG_DIR", "LEGACY_DIR", "Migration", "discover", "applied", "apply_pending",
-           "pending"]
+__all__ = ["MIGRATIONS_DIR", "CONTROL_DIR", "ORG_DIR", "LEGACY_DIR", "Migration", "discover", "applied", "apply_pending", "apply_all_fresh",
+           "pending", "apply_all_fresh"]
 
 
 
@@ -79,6 +79,17 @@ async def pending(db: SqlDatabase, directory: Path = ORG_DIR) -> list[str]:
     """The migrations of ``directory`` not yet recorded in ``db``."""
     done = await applied(db)
     return [m.name for m in discover(directory) if m.name not in done]
+
+
+async def apply_all_fresh(db: SqlDatabase, directory: Path = ORG_DIR) -> list[str]:
+    """A database just created (nothing in it): every migration of ``directory`` and its record in one atomic
+    script, without first asking what is applied (on D1 that makes a new organization's database one request
+    instead of two plus one per file). A database that is not empty fails it whole and is left as it was."""
+    migs = discover(directory)
+    script = _TABLE + ";\n" + "".join(
+        f"{m.sql()}\nINSERT INTO d1_migrations (name) values ('{m.name.replace(chr(39), chr(39) * 2)}');\n" for m in migs)
+    await db.executescript(script)
+    return [m.name for m in migs]
 
 
 async def apply_pending(db: SqlDatabase, directory: Path = ORG_DIR) -> list[str]:
