@@ -209,3 +209,16 @@ async def test_the_wiring_checks_what_it_builds(tmp_path):
         await index.close()
     finally:
         await backend.close()
+
+
+def test_a_backend_error_answers_5xx_whatever_the_upstream_status():
+    """An adapter error carries the upstream's status (a Cloudflare 404, or None when the connection failed);
+    the client gets the service's 503, never the upstream's 404 nor a crash."""
+    from api.errors import answer_status
+    from services.adapters.cloudflare.client import CloudflareApiError
+    from services.errors import BackendError, InsufficientStorage, NotFound
+
+    assert answer_status(CloudflareApiError("d1 call failed", status=404)) == BackendError.status
+    assert answer_status(CloudflareApiError("connection failed", status=None)) == BackendError.status
+    assert answer_status(InsufficientStorage("full")) == 507
+    assert answer_status(NotFound("gone")) == 404
