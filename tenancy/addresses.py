@@ -35,7 +35,7 @@ def parse_networks(entries: Iterable[str]) -> tuple[_Network, ...]:
     return tuple(out)
 
 
-def _ip(text: str | None):
+def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not text:
         return None
     text = text.strip().strip('"')
@@ -59,7 +59,7 @@ class ClientAddresses:
         self.trusted = parse_networks(trusted)
         self.header = header
 
-    def _trusted(self, ip) -> bool:
+    def _trusted(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         return any(ip.version == net.version and ip in net for net in self.trusted)
 
     def resolve(self, peer: str | None, header_values: Iterable[str] = ()) -> str:

@@ -27,6 +27,7 @@ import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from services.errors import InvalidInput, NotFound, RateLimited, Unauthenticated
 from services.ids import now_ms
@@ -34,6 +35,9 @@ from services.ports import SqlDatabase
 from tenancy.keys import KeyManager, parse_raw_key
 from tenancy.models import ROLE_SCOPES, AuthContext
 from tenancy.ratelimit import Limit, RateLimits, Verdict
+
+if TYPE_CHECKING:
+    from tenancy.access import AccessVerifier
 
 __all__ = ["Admission", "AuthLimits", "Authenticator", "Credentials", "ORG_HEADER", "credential_prefix"]
 
@@ -73,7 +77,7 @@ class Authenticator:
         db: SqlDatabase,
         keys: KeyManager,
         *,
-        access=None,  # tenancy.access.AccessVerifier | None
+        access: AccessVerifier | None = None,
         limits: AuthLimits | None = None,
         rate_limits: RateLimits | None = None,
     ) -> None:
@@ -208,7 +212,7 @@ class Authenticator:
         return AuthContext(r["organization_id"], r["slug"], f"user:{email}", ROLE_SCOPES[r["role"]])
 
 
-def _one_binding(rows: list[dict], hint: str | None, what: str) -> dict:
+def _one_binding(rows: list[dict[str, Any]], hint: str | None, what: str) -> dict[str, Any]:
     """The binding of the organization the request names; the only one when it names none."""
     if hint is not None:
         rows = [r for r in rows if r["slug"] == hint]

@@ -52,6 +52,8 @@ class OrgBindings:
             [email, role, now],
         )
         row = await self.sql.one("SELECT * FROM memberships WHERE organization_id = ?1 AND email = ?2", [email])
+        if row is None:  # removed by a concurrent request between the upsert and this read
+            raise NotFound("member not found")
         return Member(row["email"], row["role"], row["created_at"])
 
     async def members(self) -> list[Member]:

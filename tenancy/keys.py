@@ -26,6 +26,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any, Final, TypedDict
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -38,8 +39,17 @@ from tenancy.models import SCOPES
 
 __all__ = ["ARGON2_PARAMETERS", "IssuedKey", "KeyRecord", "VerifiedKey", "KeyManager", "OrgKeys", "parse_raw_key"]
 
+
+class Argon2Parameters(TypedDict):
+    time_cost: int
+    memory_cost: int
+    parallelism: int
+    hash_len: int
+    salt_len: int
+
+
 #: argon2id parameters: 2 passes over 19 MiB with 1 lane (OWASP's baseline), 16-byte salt, 32-byte hash.
-ARGON2_PARAMETERS = dict(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_len=32, salt_len=16)
+ARGON2_PARAMETERS: Final = Argon2Parameters(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_len=32, salt_len=16)
 _hasher = PasswordHasher(**ARGON2_PARAMETERS)
 _DUMMY_HASH = _hasher.hash("memex-dummy-key-for-constant-time")
 _RAW = re.compile(r"^mx_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
@@ -71,7 +81,7 @@ class KeyRecord:
     last_used_at: int | None
 
     @classmethod
-    def from_row(cls, r: dict) -> "KeyRecord":
+    def from_row(cls, r: dict[str, Any]) -> "KeyRecord":
         return cls(
             r["id"], r["organization_id"], r["name"], r["prefix"], json.loads(r["scopes"]),
             r["created_at"], r["expires_at"], r["revoked_at"], r["last_used_at"],
@@ -102,13 +112,13 @@ class KeyManager:
         #: The newest key_revocations generation applied to the cache (None: not read yet).
         self._generation: int | None = None
         self._checked_at = float("-inf")
-        self._checking: asyncio.Future | None = None
+        self._checking: asyncio.Future[None] | None = None
         self._by_org: dict[str, set[str]] = {}
         self._secret = secrets.token_bytes(32)
         self._cache: dict[bytes, tuple[VerifiedKey, float]] = {}
         self._by_key: dict[str, set[bytes]] = {}
         self._last_used: dict[str, int] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def for_org(self, org_id: str) -> "OrgKeys":
         return OrgKeys(self, OrgSql(self.db, org_id))

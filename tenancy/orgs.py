@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.errors import Conflict, InvalidInput, NotFound
 from services.ports import SqlDatabase, Statement
@@ -44,7 +44,7 @@ class Organization:
     created_at: int
 
     @classmethod
-    def from_row(cls, row: dict) -> "Organization":
+    def from_row(cls, row: dict[str, Any]) -> "Organization":
         return cls(row["id"], row["slug"], row["name"], row["status"], row["created_at"])
 
 

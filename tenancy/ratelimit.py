@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from limits import RateLimitItemPerHour, RateLimitItemPerMinute
-from limits.aio.storage import MovingWindowSupport
+from limits import RateLimitItem, RateLimitItemPerHour, RateLimitItemPerMinute
+from limits.aio.storage import MovingWindowSupport, Storage
 from limits.aio.strategies import MovingWindowRateLimiter, RateLimiter, SlidingWindowCounterRateLimiter
 from limits.errors import ConfigurationError, StorageError
 from limits.storage import storage_from_string
@@ -29,13 +30,16 @@ __all__ = ["Limit", "Verdict", "RateLimits", "storage_for", "ConfigurationError"
 log = logging.getLogger("memex.ratelimit")
 
 
-def storage_for(uri: str):
+def storage_for(uri: str) -> Storage:
     """The async storage behind a `limits` storage URI (``memory://``, ``redis://…``; ``async+`` optional).
     Raises ``ConfigurationError`` for an unknown scheme or a missing client library (nothing connects yet)."""
     uri = (uri or "memory://").strip()
     if not uri.startswith("async+"):
         uri = "async+" + uri
-    return storage_from_string(uri, wrap_exceptions=True)
+    storage = storage_from_string(uri, wrap_exceptions=True)
+    if not isinstance(storage, Storage):  # cannot happen with an async+ scheme; narrows the type
+        raise ConfigurationError(f"{uri!r} is not an async storage")
+    return storage
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +55,7 @@ class Limit:
         """The ``RateLimit-Policy`` form: ``<amount>;w=<seconds>``."""
         return f"{self.amount};w={self.window}"
 
-    def item(self):
+    def item(self) -> RateLimitItem:
         per = RateLimitItemPerHour if self.window == 3600 else RateLimitItemPerMinute
         return per(self.amount, namespace=f"memex-{self.name}")
 
@@ -89,10 +93,10 @@ class RateLimits:
             MovingWindowRateLimiter(self.storage) if isinstance(self.storage, MovingWindowSupport)
             else SlidingWindowCounterRateLimiter(self.storage)
         )
-        self._items: dict[Limit, object] = {}
+        self._items: dict[Limit, RateLimitItem] = {}
         self._warned = 0.0
 
-    def _item(self, limit: Limit):
+    def _item(self, limit: Limit) -> RateLimitItem:
         item = self._items.get(limit)
         if item is None:
             item = self._items[limit] = limit.item()
@@ -111,7 +115,7 @@ class RateLimits:
         """Whether one more action would be allowed, counting nothing."""
         return await self._verdict(self.strategy.test, limit, identifier)
 
-    async def _verdict(self, op, limit: Limit, identifier: str) -> Verdict:
+    async def _verdict(self, op: Callable[[RateLimitItem, str], Awaitable[bool]], limit: Limit, identifier: str) -> Verdict:
         try:
             allowed = await op(self._item(limit), identifier)
             return await self._stats(limit, identifier, allowed)

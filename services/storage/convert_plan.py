@@ -122,7 +122,7 @@ class _Shape:
     def rowid_alias(self) -> str | None:
         pks = [c for c in self.columns if c["pk"]]
         if len(pks) == 1 and (pks[0]["type"] or "").upper() == "INTEGER" and not self.without_rowid:
-            return pks[0]["name"]
+            return str(pks[0]["name"])
         return None
 
     def notnull(self, column: str) -> bool:

@@ -24,6 +24,7 @@ __all__ = ["HandlePool", "PooledDatabase", "PooledIndex"]
 log = logging.getLogger("memex.storage")
 
 T = TypeVar("T", SqlDatabase, VectorIndex)
+R = TypeVar("R")
 
 
 class HandlePool:
@@ -65,7 +66,7 @@ class HandlePool:
 class _Pooled(Generic[T]):
     def __init__(self, pool: HandlePool, opener: Callable[[], T]) -> None:
         self._pool = pool
-        self._opener = opener
+        self._opener: Callable[[], T] = opener
         self._inner: T | None = None
         self._lock = asyncio.Lock()
         self.in_flight = 0
@@ -86,11 +87,12 @@ class _Pooled(Generic[T]):
             self._pool.used(self)
         return inner
 
-    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, call: Callable[[T], Awaitable[R]]) -> R:
+        """``call`` on the open adapter (opened first if need be), counted in flight while it runs."""
         inner = await self._get()
         self.in_flight += 1
         try:
-            return await getattr(inner, name)(*args, **kwargs)
+            return await call(inner)
         finally:
             self.in_flight -= 1
 
@@ -102,7 +104,7 @@ class _Pooled(Generic[T]):
         """Checkpoint the adapter if it is open. A closed handle is not opened for it: SQLite folds the
         write-ahead log when the last connection to a database closes."""
         if self._inner is not None:
-            await self._call("checkpoint")
+            await self._call(lambda inner: inner.checkpoint())
 
     def _free_bytes(self) -> int | None:
         """The open adapter's free space; None while the handle is closed."""
@@ -128,13 +130,13 @@ class PooledDatabase(_Pooled[SqlDatabase]):
     """A ``SqlDatabase`` that opens on first use (see the module docstring)."""
 
     async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> SqlResult:
-        return await self._call("execute", sql, params)
+        return await self._call(lambda db: db.execute(sql, params))
 
     async def batch(self, statements: Sequence[Statement]) -> list[SqlResult]:
-        return await self._call("batch", statements)
+        return await self._call(lambda db: db.batch(statements))
 
     async def executescript(self, sql: str) -> None:
-        await self._call("executescript", sql)
+        await self._call(lambda db: db.executescript(sql))
 
     async def checkpoint(self) -> None:
         await self._checkpoint()
@@ -156,28 +158,28 @@ class PooledIndex(_Pooled[VectorIndex]):
         self.applies_writes_later = applies_writes_later
 
     async def upsert(self, vectors: Sequence[Vector]) -> str | None:
-        return await self._call("upsert", vectors)
+        return await self._call(lambda index: index.upsert(vectors))
 
     async def query(self, vector: np.ndarray | Sequence[float], *, top_k: int, namespace: str,
                     filter: Mapping[str, Any] | None = None, return_metadata: bool = False,
                     return_values: bool = False) -> list[VectorMatch]:
-        return await self._call("query", vector, top_k=top_k, namespace=namespace, filter=filter,
-                                return_metadata=return_metadata, return_values=return_values)
+        return await self._call(lambda index: index.query(vector, top_k=top_k, namespace=namespace, filter=filter,
+                                                        return_metadata=return_metadata, return_values=return_values))
 
     async def get_by_ids(self, ids: Sequence[str]) -> list[Vector]:
-        return await self._call("get_by_ids", ids)
+        return await self._call(lambda index: index.get_by_ids(ids))
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
-        return await self._call("delete_by_ids", ids)
+        return await self._call(lambda index: index.delete_by_ids(ids))
 
     async def info(self) -> VectorIndexInfo:
-        return await self._call("info")
+        return await self._call(lambda index: index.info())
 
     async def searchable(self, mutation_id: str | None, *, issued_at: float | None = None) -> bool:
-        return await self._call("searchable", mutation_id, issued_at=issued_at)
+        return await self._call(lambda index: index.searchable(mutation_id, issued_at=issued_at))
 
     async def ids_in_namespace(self, namespace: str) -> set[str] | None:
-        return await self._call("ids_in_namespace", namespace)
+        return await self._call(lambda index: index.ids_in_namespace(namespace))
 
     async def checkpoint(self) -> None:
         await self._checkpoint()
