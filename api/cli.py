@@ -42,9 +42,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     base = settings.public_url or f"http://{args.host}:{args.port}"
     app = create_app(settings)
-    print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, data={settings.data_dir.resolve()})")
+    print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, "
+          f"data={settings.data_dir.resolve()})")
     print(f"  API docs:     {base}/schema/swagger   (OpenAPI: {base}/schema/openapi.json)")
-    print(f"  Get a key:    curl -s -X POST {base}/v1/signup -H 'content-type: application/json' -d '{{\"name\": \"Acme\", \"slug\": \"acme\"}}'")
+    print(f"  Get a key:    curl -s -X POST {base}/v1/signup -H 'content-type: application/json' "
+          "-d '{\"name\": \"Acme\", \"slug\": \"acme\"}'")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **server_options())
@@ -54,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the control database and every organization's (resumable: each file commits with its record;
     run it again after an interruption). ``--status`` only lists versions."""
-    from services.storage.migrate import CONTROL_DIR, apply_pending, applied, discover
+    from services.storage.migrate import CONTROL_DIR, applied, discover
 
     async def go():
         memex = make_memex(settings_from(args))

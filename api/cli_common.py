@@ -54,7 +54,8 @@ def print_json(obj) -> None:
 
 
 def add_data_dir(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--data-dir", default=None, help="directory for the SQLite file and vector index (default ./data or MEMEX_DATA_DIR)")
+    sp.add_argument("--data-dir", default=None,
+                    help="directory for the SQLite file and vector index (default ./data or MEMEX_DATA_DIR)")
 
 
 class ProgressBar:

@@ -189,7 +189,8 @@ async def _search(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 CONVERSATION_TOOLS: list[McpTool] = [
     McpTool(
         "create_conversation", "write", "Start a conversation in this organization's memory; returns its id.",
-        _obj({"title": {"type": "string", "maxLength": 500}, "metadata": {"type": "object", "description": "any JSON object"}}, []),
+        _obj({"title": {"type": "string", "maxLength": 500},
+              "metadata": {"type": "object", "description": "any JSON object"}}, []),
         output_schema(Conversation), _create,
     ),
     McpTool(
@@ -200,7 +201,8 @@ CONVERSATION_TOOLS: list[McpTool] = [
               "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": 100},
               "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 255,
                                   "description": "the same key and messages again return the original result"},
-              "created_at": {**TIME_JSON_SCHEMA, "description": "time of the messages without their own (e.g. the session's date)"},
+              "created_at": {**TIME_JSON_SCHEMA,
+                             "description": "time of the messages without their own (e.g. the session's date)"},
               "session": {"type": "string", "minLength": 1, "maxLength": 200,
                           "description": "session label of the messages without their own"}},
              ["conversation_id", "messages"]),
@@ -235,7 +237,8 @@ CONVERSATION_TOOLS: list[McpTool] = [
               "conversation_id": _CID,
               "from": {**TIME_JSON_SCHEMA, "description": "epoch ms or ISO-8601: said at or after"},
               "to": {**TIME_JSON_SCHEMA, "description": "epoch ms or ISO-8601: said at or before"},
-              "reference_time": {**TIME_JSON_SCHEMA, "description": "what relative dates in the query are relative to (default now)"},
+              "reference_time": {**TIME_JSON_SCHEMA,
+                                 "description": "what relative dates in the query are relative to (default now)"},
               "top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
               "include_thoughts": {"type": "boolean", "default": False}}, ["query"]),
         output_schema(SearchResult), _search,

@@ -102,7 +102,8 @@ async def _mark_used(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _recent(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
-    return to_plain(await org.thoughts.list_recent(limit=a.get("limit", 20), before=a.get("before"), before_id=a.get("before_id")))
+    return to_plain(await org.thoughts.list_recent(limit=a.get("limit", 20), before=a.get("before"),
+                                                   before_id=a.get("before_id")))
 
 
 TOOLS: list[McpTool] = [
@@ -133,7 +134,8 @@ TOOLS: list[McpTool] = [
             output_schema(ThoughtDetail), _get),
     McpTool(
         "delete_thought", "write", "Delete a thought, its chunks and all its vectors.", _obj({"id": _ID}, ["id"]),
-        {"type": "object", "properties": {"id": {"type": "string"}, "deleted": {"type": "boolean"}}, "required": ["id", "deleted"]},
+        {"type": "object", "properties": {"id": {"type": "string"}, "deleted": {"type": "boolean"}},
+         "required": ["id", "deleted"]},
         _delete,
     ),
     McpTool(
@@ -147,7 +149,8 @@ TOOLS: list[McpTool] = [
     McpTool(
         "list_recent", "read", "The most recent thoughts, newest first; page with before (epoch ms) and before_id.",
         _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-              "before": {"type": "integer", "minimum": 0, "maximum": MAX_MS}, "before_id": {"type": "string", "maxLength": 64}}, []),
+              "before": {"type": "integer", "minimum": 0, "maximum": MAX_MS},
+              "before_id": {"type": "string", "maxLength": 64}}, []),
         output_schema(ThoughtPage), _recent,
     ),
 ]

@@ -23,7 +23,8 @@ Kind = Literal["thought", "conversation"]
 class SignupIn(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
     slug: Annotated[str, msgspec.Meta(min_length=3, max_length=40, pattern=r"^[a-z](-?[a-z0-9])+$",
-                                      description="3-40 of a-z, 0-9 and single hyphens; starts with a letter, ends with a letter or digit")]
+                                      description="3-40 of a-z, 0-9 and single hyphens; "
+                                                  "starts with a letter, ends with a letter or digit")]
 
 
 class OrganizationOut(msgspec.Struct):
@@ -57,7 +58,8 @@ class SignupOut(msgspec.Struct):
 
 class KeyCreateIn(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)] = msgspec.field(default_factory=lambda: ["read", "write"])
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=3)] = msgspec.field(
+        default_factory=lambda: ["read", "write"])
     #: Seconds until the key expires; 0 (the default) means it never does.
     expires_in_seconds: Annotated[int, msgspec.Meta(ge=0, le=10 * 365 * 86400, description="0 = never expires")] = 0
 
@@ -75,7 +77,8 @@ class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
 class SearchIn(msgspec.Struct, forbid_unknown_fields=True):
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
     top_k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10  # services.search.search.MAX_TOP_K
-    tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(default_factory=list)
+    tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=100)]], msgspec.Meta(max_length=50)] = msgspec.field(
+        default_factory=list)
     kinds: Annotated[list[Kind], msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: ["thought"])
     conversation_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     include_content: bool = False

@@ -206,7 +206,8 @@ class Memex:
             ctx=ctx,
             thoughts=Thoughts(sql, vectors, emb, limits=self.limits, on_enqueue=wake,
                               decisions=self.decisions(sql, vectors),
-                              on_use=lambda ids, fetched=False, org_id=ctx.org_id: self.ranking.used(org_id, ids, fetched=fetched)),
+                              on_use=lambda ids, fetched=False, org_id=ctx.org_id:
+                                  self.ranking.used(org_id, ids, fetched=fetched)),
             search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker),
             keys=self.keys.for_org(ctx.org_id),
             bindings=OrgBindings(OrgSql(self.control, ctx.org_id)),

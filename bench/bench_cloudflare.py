@@ -268,7 +268,8 @@ def phase_search(base: str, key: str, ctr: Counters, s: int) -> dict:
             assert r.status_code == 200, r.text
             hits.append(len(r.json()["results"]))
     drain(base, settle=0.3)
-    return {"n": s, "total": per_unit(ctr.get(), s), "seconds": round(time.perf_counter() - t_reset, 2), "latency_ms": ms(lat), "mean_hits": sum(hits) / len(hits)}
+    return {"n": s, "total": per_unit(ctr.get(), s), "seconds": round(time.perf_counter() - t_reset, 2),
+            "latency_ms": ms(lat), "mean_hits": sum(hits) / len(hits)}
 
 
 def phase_foundation(base: str, n: int, searches: int) -> dict:

@@ -100,7 +100,7 @@ def bm25_baseline(conversations: list[list[tuple[str, str]]]):
     db.execute("CREATE VIRTUAL TABLE m USING fts5(content, tokenize = 'porter unicode61')")
     keys = []
     for ci, turns in enumerate(conversations):
-        for seq, (role, content) in enumerate(turns, start=1):
+        for seq, (_role, content) in enumerate(turns, start=1):
             keys.append((ci, seq))
             db.execute("INSERT INTO m (rowid, content) VALUES (?, ?)", (len(keys), content))
 
@@ -125,7 +125,8 @@ async def quality(args) -> None:
             t0 = time.perf_counter()
             await memex.worker.drain(timeout=7200)
             chunks = (await memex.backend.db.execute(
-                "SELECT COUNT(*) AS n, SUM(token_count > ?) AS over, AVG(token_count) AS avg FROM chunks", (memex.backend.embedder.max_tokens - 2,))).rows[0]
+                "SELECT COUNT(*) AS n, SUM(token_count > ?) AS over, AVG(token_count) AS avg FROM chunks",
+                (memex.backend.embedder.max_tokens - 2,))).rows[0]
             print(f"embedded {chunks['n']} windows in {time.perf_counter() - t0:.1f} s; mean {chunks['avg']:.0f} tokens; "
                   f"{chunks['over']} ({100 * chunks['over'] / max(1, chunks['n']):.0f}%) longer than the model's "
                   f"{memex.backend.embedder.max_tokens} tokens (embedded truncated)")
@@ -144,7 +145,8 @@ async def quality(args) -> None:
                 ranking = ranked_messages(hits)[:10]
                 ours["best-first"] += target in ranking
                 ours["best only"] += target in [(h["conversation_id"], h["best_sequence"]) for h in hits][:10]
-                in_window = [h for h in hits if h["conversation_id"] == ids[ci] and h["start_sequence"] <= seq <= h["end_sequence"]]
+                in_window = [h for h in hits
+                             if h["conversation_id"] == ids[ci] and h["start_sequence"] <= seq <= h["end_sequence"]]
                 ours["window"] += bool(in_window)
                 ours["pinpointed"] += any(h["best_sequence"] == seq for h in in_window)
                 rr_ours.append(1 / (ranking.index(target) + 1) if target in ranking else 0.0)
@@ -171,7 +173,8 @@ def english_queries(rng: random.Random, n: int) -> list[str]:
     pool = [f.question for f in FACTS] + [
         "how do I fix a dripping tap", "best time to plant garlic", "beginner plan for weight training",
         "rail pass for Kyoto", "emergency fund size", "feedback to a colleague who misses deadlines",
-        "roast pumpkin at 200 degrees", "parse log lines in Go", "retirement savings percentage", "possums in the vegetable patch",
+        "roast pumpkin at 200 degrees", "parse log lines in Go", "retirement savings percentage",
+        "possums in the vegetable patch",
     ]
     return [rng.choice(pool) for _ in range(n)]
 
@@ -222,7 +225,7 @@ async def scale(args) -> None:
             await storage_scifact()
 
             appends = []
-            for i in range(args.samples):
+            for _ in range(args.samples):
                 cid = rng.choice(ids)
                 batch = [MessageIn(role="user" if j % 2 == 0 else "assistant", content=c)
                          for j, (_, c) in enumerate(data.conversations[rng.randrange(len(ids))][:20])]
@@ -238,7 +241,7 @@ async def scale(args) -> None:
                 await svc.search.search(SearchOptions(query=q, kinds=("conversation",)))
             for q in queries:
                 t0 = time.perf_counter()
-                res = await svc.search.search(SearchOptions(query=q, top_k=10, kinds=("conversation",)))
+                await svc.search.search(SearchOptions(query=q, top_k=10, kinds=("conversation",)))
                 searches.append(time.perf_counter() - t0)
             for q in queries:
                 cid = rng.choice(ids)
@@ -266,7 +269,7 @@ async def http_latency(args, data_dir: Path, key: str, ids: list[str], data, rng
         for q in queries[:5]:
             c.post("/v1/search", json={"query": q, "kinds": ["conversation"]})
         appends, searches = [], []
-        for i in range(args.samples):
+        for _ in range(args.samples):
             body = {"messages": [{"role": r, "content": m} for r, m in data.conversations[rng.randrange(len(ids))][:20]]}
             t0 = time.perf_counter()
             r = c.post(f"/v1/conversations/{rng.choice(ids)}/messages", json=body)

@@ -170,7 +170,8 @@ _ASIDES = [
     lambda r: f"Budget impact is roughly ${r.randint(1, 250)}k per year if we {r.choice(DECISIONS)}.",
     lambda r: f"The last time {r.choice(SYMPTOMS)}, the cause turned out to be {r.choice(CAUSES)}.",
     lambda r: f"Nobody remembers why {r.choice(COMPONENTS)} was configured this way in the first place.",
-    lambda r: f"Follow up with {r.choice(PEOPLE)} before {r.choice(['Friday', 'the offsite', 'the freeze', 'month end', 'the demo'])}.",
+    lambda r: (f"Follow up with {r.choice(PEOPLE)} before "
+               f"{r.choice(['Friday', 'the offsite', 'the freeze', 'month end', 'the demo'])}."),
 ]
 
 
@@ -243,7 +244,8 @@ class NoteGenerator:
         def para(k):
             if k == 0:
                 return (f"## Impact\n\nAt {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} UTC {rng.choice(SYMPTOMS)} "
-                        f"for {svc}. Roughly {rng.randint(2, 95)}% of requests in {rng.choice(['us-east', 'eu-west', 'ap-south'])} "
+                        f"for {svc}. Roughly {rng.randint(2, 95)}% of requests in "
+                        f"{rng.choice(['us-east', 'eu-west', 'ap-south'])} "
                         f"were affected, and {rng.randint(10, 9000)} customers opened tickets. {rng.choice(PEOPLE)} was paged "
                         f"after {rng.randint(2, 30)} minutes because the alert threshold was too lax.")
             if k == 1:
@@ -309,7 +311,8 @@ class NoteGenerator:
                 return "## Method\n\n" + "\n".join(
                     f"{n + 1}. {s.capitalize()}, then add the {rng.choice(INGREDIENTS)} and cook for "
                     f"{rng.randint(2, 40)} minutes." for n, s in enumerate(steps))
-            return (f"## Notes\n\nLast time the {dish} came out {rng.choice(['too salty', 'a bit dry', 'perfect', 'bland', 'too thick'])}; "
+            return (f"## Notes\n\nLast time the {dish} came out "
+                    f"{rng.choice(['too salty', 'a bit dry', 'perfect', 'bland', 'too thick'])}; "
                     f"next time {rng.choice(TECHNIQUES)} and use less {rng.choice(INGREDIENTS)}. "
                     f"{rng.choice(PEOPLE)} suggested swapping in {rng.choice(INGREDIENTS)}, which worked well with "
                     f"{rng.choice(INGREDIENTS)}. Keeps {rng.randint(2, 5)} days in the fridge.")
@@ -329,7 +332,8 @@ class NoteGenerator:
             if k == 1:
                 return (f"**Method.** They train on {rng.choice(DATASETS)} for {rng.randint(1, 300)}k steps with a batch "
                         f"of {rng.choice([32, 64, 256, 1024, 4096])}, then evaluate on {rng.choice(DATASETS)}. The key trick "
-                        f"is {rng.choice(METHODS)}: without it the gain mostly disappears (ablation in table {rng.randint(2, 9)}).")
+                        f"is {rng.choice(METHODS)}: without it the gain mostly disappears "
+                        f"(ablation in table {rng.randint(2, 9)}).")
             if k == 2:
                 return (f"**Caveats.** The comparison against {rng.choice(METHODS)} is not compute-matched, and "
                         f"{rng.choice(DATASETS)} is probably contaminated. Worth reproducing on our own data before "
@@ -373,7 +377,8 @@ class NoteGenerator:
                         f"around it with a {rng.choice(LANGS)} script that exports data nightly.")
             if k == 1:
                 return (f"Pain points: {rng.choice(SYMPTOMS)} during their month-end close, and {rng.choice(SERVICES)} "
-                        f"is slow for their {rng.randint(50, 5000)} users in {rng.choice(['Germany', 'Brazil', 'Japan', 'Canada', 'India'])}. "
+                        f"is slow for their {rng.randint(50, 5000)} users in "
+                        f"{rng.choice(['Germany', 'Brazil', 'Japan', 'Canada', 'India'])}. "
                         f"They mentioned a competitor offering {rng.choice(FEATURES)} for less.")
             return ("Next steps:\n\n" + "\n".join(
                 f"- {p} to {rng.choice(['send a proposal for', 'demo', 'scope', 'escalate'])} {rng.choice(FEATURES)}"
@@ -919,7 +924,6 @@ def main() -> int:
     revision = code_revision()
     start_wall = time.time()
     t_bench = time.perf_counter()
-    results: dict = {}
 
     with service(args) as (base, info):
         pid = info.get("pid")
@@ -991,7 +995,8 @@ def main() -> int:
         qs = queries(args.searches)
         log(f"REST search x{len(qs)}")
         rest = search_rest(base, org["key"], qs)
-        log(f"MCP search x{len(qs)} (one session) + x{min(args.mcp_fresh, len(qs))} (fresh sessions) + x{len(qs)} (bare JSON-RPC)")
+        log(f"MCP search x{len(qs)} (one session) + x{min(args.mcp_fresh, len(qs))} (fresh sessions) "
+            f"+ x{len(qs)} (bare JSON-RPC)")
         mcp = asyncio.run(search_mcp(org["mcp_url"], org["key"], qs, min(args.mcp_fresh, len(qs))))
         mcp_raw = search_mcp_raw(org["mcp_url"], org["key"], qs)
         rss = rss_mb(pid)
@@ -1024,7 +1029,8 @@ def main() -> int:
         print("        the model's throughput, and search latency excludes the model's query embedding (a few ms per query).")
     print()
     print(row("capture, sequential, 1 keep-alive client (acknowledged)",
-              f"p50 {cap['p50']:.1f}  p95 {cap['p95']:.1f}  p99 {cap['p99']:.1f} ms", verdict(cap["p50"], TARGETS["capture_p50_ms"])))
+              f"p50 {cap['p50']:.1f}  p95 {cap['p95']:.1f}  p99 {cap['p99']:.1f} ms",
+              verdict(cap["p50"], TARGETS["capture_p50_ms"])))
     print(row("  throughput", f"{args.n / seq_wall:,.1f} captures/s over {seq_wall:.1f} s"))
     if conc:
         print(row(f"capture, {args.concurrency} concurrent clients ({conc_n} thoughts)",
@@ -1040,13 +1046,15 @@ def main() -> int:
         print(row("  server CPU time, capture + indexing", f"{indexing['server_cpu_s_capture_and_index']:,.1f} s"))
     if paced:
         print(row(f"paced capture at {paced['rate']:.2f}/s ({paced['rate'] / capacity:.0%} of capacity), acknowledged",
-                  f"p50 {paced_ack['p50']:.1f}  p95 {paced_ack['p95']:.1f} ms", verdict(paced_ack["p50"], TARGETS["capture_p50_ms"])))
+                  f"p50 {paced_ack['p50']:.1f}  p95 {paced_ack['p95']:.1f} ms",
+                  verdict(paced_ack["p50"], TARGETS["capture_p50_ms"])))
         print(row("  ack -> GET shows indexed (polled every 20 ms)",
                   f"p50 {paced_idx['p50']:.0f}  p95 {paced_idx['p95']:.0f}  max {paced_idx['max']:.0f} ms",
                   verdict(paced_idx["p95"] / 1000, TARGETS["indexed_after_capture_s"]) + " (p95, s)"))
     if isolated:
         ia, ii = ms(isolated["ack"]), ms(isolated["indexed"])
-        print(row(f"isolated captures (x{args.isolated}, no backlog), acknowledged", f"p50 {ia['p50']:.1f}  p95 {ia['p95']:.1f} ms"))
+        print(row(f"isolated captures (x{args.isolated}, no backlog), acknowledged",
+                  f"p50 {ia['p50']:.1f}  p95 {ia['p95']:.1f} ms"))
         print(row("  ack -> GET shows indexed (polled every 20 ms)",
                   f"p50 {ii['p50']:.0f}  p95 {ii['p95']:.0f}  max {ii['max']:.0f} ms",
                   verdict(ii["p95"] / 1000, TARGETS["indexed_after_capture_s"]) + " (p95, s)"))
@@ -1087,7 +1095,8 @@ def main() -> int:
         "paced_rate": round(paced["rate"], 2) if paced else None, "paced_ack_ms": paced_ack, "paced_to_indexed_ms": paced_idx,
         "isolated_ack_ms": ms(isolated["ack"]) if isolated else None,
         "isolated_to_indexed_ms": ms(isolated["indexed"]) if isolated else None,
-        "search_rest_ms": rest_ms, "search_rest_while_indexing_ms": ms(busy_search["lat"]) if busy_search else None, "search_mcp_ms": mcp_ms, "search_mcp_raw_jsonrpc_ms": mcp_raw_ms, "search_mcp_fresh_session_ms": mcp_fresh_ms,
+        "search_rest_ms": rest_ms, "search_rest_while_indexing_ms": ms(busy_search["lat"]) if busy_search else None,
+        "search_mcp_ms": mcp_ms, "search_mcp_raw_jsonrpc_ms": mcp_raw_ms, "search_mcp_fresh_session_ms": mcp_fresh_ms,
         "search_at_thoughts": total_thoughts, "auth": auth, "server_rss_mb": rss, "server_ready_s": info.get("ready_s"),
         "wall_s": round(time.perf_counter() - t_bench, 1),
     }

@@ -18,7 +18,8 @@ about a quarter of the creates, so the data (rows, keyword index, vectors) grows
 (the second half) every capture past the client's live count in that organization at the switch deletes
 its oldest thought, and every append that takes the client's messages there past their count at the switch
 (at least one full conversation) deletes its oldest conversations: the live data stays about constant, and
-memory that still grows then is not data (the indexing backlog, ``pending jobs``, still lands in the index). ``--steady-from 0`` balances from the start.
+memory that still grows then is not data (the indexing backlog, ``pending jobs``, still lands in the index).
+``--steady-from 0`` balances from the start.
 
 Each client only deletes what it created (no two clients delete the same id); a 404 on a get or delete of a
 thought that a write-time decision of another capture replaced or merged meanwhile is counted apart

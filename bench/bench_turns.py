@@ -175,7 +175,7 @@ async def main() -> None:
     results = {}
     if not args.skip_product:
         results["product"] = await product(data, args)
-    print(f"\nturn-level recall@10 (%)                    " + "".join(f"{k:>13}" for k in (*KINDS, "overall")))
+    print("\nturn-level recall@10 (%)                    " + "".join(f"{k:>13}" for k in (*KINDS, "overall")))
     if "product" in results:
         report("memex (product defaults)", results["product"])
     for stride in (3, 1):

@@ -57,10 +57,12 @@ EVENTS = [
      "What vehicle did {n} buy?", "When did {n} buy the car?", ["Toyota RAV4", "Mazda 3", "Subaru Forester"]),
     ("concert", ["Went to see {x} live last night, the encore was unreal.",
                  "Still buzzing from the {x} gig, we were right at the front."],
-     "Which band did {n} see perform?", "When did {n} go to the concert?", ["Arctic Monkeys", "Florence and the Machine", "Tame Impala"]),
+     "Which band did {n} see perform?", "When did {n} go to the concert?",
+     ["Arctic Monkeys", "Florence and the Machine", "Tame Impala"]),
     ("garden", ["Planted a whole bed of {x} along the back fence today, fingers crossed for the frost.",
                 "Spent the afternoon digging, the {x} are finally in the ground."],
-     "What did {n} plant in the backyard?", "When did {n} plant the new bed?", ["heirloom tomatoes", "sunflowers", "blueberry bushes"]),
+     "What did {n} plant in the backyard?", "When did {n} plant the new bed?",
+     ["heirloom tomatoes", "sunflowers", "blueberry bushes"]),
     ("course", ["I enrolled in an online {x} course, lectures on Thursday nights.",
                 "Decided to study again, I'm doing a {x} certificate online."],
      "What subject is {n} studying?", "When did {n} enrol in the online course?", ["data analytics", "Japanese", "UX design"]),
@@ -69,7 +71,8 @@ EVENTS = [
      "What is the name of {n}'s niece?", "When was {n}'s niece born?", ["Olive", "Mila", "Ada"]),
     ("volunteer", ["I started volunteering at the {x} on Sunday mornings.",
                    "Did my first shift at the {x} today, helping out on weekends now."],
-     "Where does {n} volunteer?", "When did {n} begin volunteering?", ["community food bank", "animal shelter", "library reading program"]),
+     "Where does {n} volunteer?", "When did {n} begin volunteering?",
+     ["community food bank", "animal shelter", "library reading program"]),
 ]
 
 # Aggregates for multi-hop: several mentions, each told in a different session.
@@ -91,7 +94,8 @@ AGGREGATES = [
 # Open-domain: a stated preference, and a question needing an inference from it.
 PREFERENCES = [
     ("I could spend hours in a museum looking at old pottery and ceramics.", "Would {n} enjoy a ceramics workshop?"),
-    ("Honestly, loud crowds make me anxious, I'd rather stay home on New Year's Eve.", "Is {n} likely to go to a big music festival?"),
+    ("Honestly, loud crowds make me anxious, I'd rather stay home on New Year's Eve.",
+     "Is {n} likely to go to a big music festival?"),
     ("I've been vegetarian for ten years, never missed meat once.", "Would {n} order the steak at a barbecue restaurant?"),
     ("Nothing beats a cold swim in the ocean at sunrise for me.", "Would {n} like a beach holiday?"),
     ("I get seasick on anything smaller than a ferry.", "Should {n} book a sailing trip?"),
@@ -179,7 +183,7 @@ def build(conversations: int = 8, sessions: int = 10, turns_per_session: int = 2
                 plan[rng.randrange(sessions)].append(("event", speaker, ev))
             for agg in rng.sample(AGGREGATES, 2):
                 items = rng.sample(agg[3], 3 if rng.random() < 0.5 else 2)
-                for si, item in zip(rng.sample(range(sessions), len(items)), items):
+                for si, item in zip(rng.sample(range(sessions), len(items)), items, strict=True):
                     plan[si].append(("agg", speaker, agg, item))
             for pref in rng.sample(PREFERENCES, 2):
                 plan[rng.randrange(sessions)].append(("pref", speaker, pref))
@@ -190,7 +194,7 @@ def build(conversations: int = 8, sessions: int = 10, turns_per_session: int = 2
             items = plan[si][:]
             slots = sorted(rng.sample(range(2, turns_per_session - 3), min(len(items), turns_per_session // 4)))
             rng.shuffle(items)
-            pos = dict(zip(slots, items))
+            pos = dict(zip(slots, items, strict=False))
             speakers = [a, b]
             i = 0
             while len(s.turns) < turns_per_session:

@@ -194,7 +194,8 @@ def live(request):
 
         emb = OnnxMiniLMEmbedder()
         with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
-            server, ctx = start_live(Path(tmp) / "service", **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
+            server, ctx = start_live(Path(tmp) / "service",
+                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
             server.backend, server.emulator = "cloudflare", emu
             try:
                 yield server
@@ -236,3 +237,29 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     if code:
         assert body["error"]["code"] == code, body
     return body["error"]
+
+
+@pytest.fixture(scope="module", params=["embedded", "cloudflare"])
+def hlive(request):
+    """The service with the hash embedder (plumbing without the model's cost), once per backend: SQLite +
+    local vectors, then D1 + Vectorize on the Cloudflare emulator."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if request.param == "embedded":
+            server, ctx = start_live(Path(tmp), embedder="hash")
+            try:
+                yield server
+            finally:
+                ctx.__exit__(None, None, None)
+            return
+        from services.adapters.hash_embedder import HashEmbedder
+        from tests.cloudflare_emulator import running_emulator
+
+        emb = HashEmbedder()
+        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
+            server, ctx = start_live(Path(tmp) / "service", embedder="hash",
+                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
+            server.backend, server.emulator = "cloudflare", emu
+            try:
+                yield server
+            finally:
+                ctx.__exit__(None, None, None)

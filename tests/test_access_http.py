@@ -32,7 +32,8 @@ def test_member_by_email_gets_role_scopes(access_live):
     live, key = access_live
     org = signup(live, "acc")
     with live.client() as c:
-        assert c.post("/v1/members", json={"email": "Viewer@Corp.example", "role": "viewer"}, headers=org.headers).status_code == 201
+        assert c.post("/v1/members", json={"email": "Viewer@Corp.example", "role": "viewer"},
+                      headers=org.headers).status_code == 201
         token = make_token(key, email="viewer@corp.example")
         me = c.get("/v1/org", headers=_jwt(token)).json()
         assert me["organization"]["id"] == org.id and me["scopes"] == ["read"] and me["principal"] == "user:viewer@corp.example"
@@ -59,12 +60,14 @@ async def test_service_token_over_rest_and_mcp(access_live):
     live, key = access_live
     org = signup(live, "svc")
     with live.client() as c:
-        r = c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read", "write"]}, headers=org.headers)
+        r = c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read", "write"]},
+                   headers=org.headers)
         assert r.status_code == 201, r.text
         token = make_token(key, kind="service")
         assert c.post("/v1/thoughts", json={"content": "written by a service token"}, headers=_jwt(token)).status_code == 201
         other = signup(live, "svc-other")  # binding per organization: see tests/test_bindings_per_org.py
-        assert_error(c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read"]}, headers=org.headers), 409)
+        assert_error(c.post("/v1/service-tokens", json={"common_name": SERVICE_COMMON_NAME, "scopes": ["read"]},
+                            headers=org.headers), 409)
     async with mcp_session(org.mcp_url, _jwt(token)) as s:
         names = {t.name for t in (await s.list_tools()).tools}
         assert "capture_thought" in names

@@ -26,6 +26,7 @@ A module that fits no layer (a new package under services/) fails until it is gi
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +222,7 @@ def test_the_graph_is_read():
 def test_no_module_imports_itself_back():
     cycles = _cycles(GRAPH)
     assert not cycles, "import cycles (each listed as a path back to its start, with the import's line):\n" + "\n".join(
-        "  " + " -> ".join(f"{a} (line {GRAPH[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+        "  " + " -> ".join(f"{a} (line {GRAPH[a][b]})" for a, b in pairwise(cycle)) + f" -> {cycle[-1]}"
         for cycle in cycles
     )
 

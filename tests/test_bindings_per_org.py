@@ -143,9 +143,10 @@ async def test_migration_0009_keeps_existing_tokens_and_lets_a_second_org_bind(t
     try:
         await apply_pending(db, before)
         for org in ("org_a", "org_b"):
-            await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)", (org, org.replace("_", "-"), org))
+            await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)",
+                             (org, org.replace("_", "-"), org))
         await db.execute("INSERT INTO service_tokens VALUES ('org_a', ?, 'a bot', '[\"read\"]', 1)", (SERVICE_COMMON_NAME,))
-        with pytest.raises(Exception):
+        with pytest.raises(sqlite3.IntegrityError):
             await db.execute("INSERT INTO service_tokens VALUES ('org_b', ?, 'b bot', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
         assert "0009_bindings_per_organization.sql" in await apply_pending(db, LEGACY_DIR)
         await db.execute("INSERT INTO service_tokens VALUES ('org_b', ?, 'b bot', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
@@ -164,10 +165,12 @@ async def test_the_control_database_binds_a_common_name_per_organization(tmp_pat
     try:
         await apply_pending(db, CONTROL_DIR)
         for org in ("org_a", "org_b"):
-            await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)", (org, org.replace("_", "-"), org))
+            await db.execute("INSERT INTO organizations (id, slug, name, created_at) VALUES (?, ?, ?, 0)",
+                             (org, org.replace("_", "-"), org))
         for org in ("org_a", "org_b"):
-            await db.execute("INSERT INTO service_tokens VALUES (?, ?, ?, '[\"read\"]', 1)", (org, SERVICE_COMMON_NAME, f"{org} bot"))
-        with pytest.raises(Exception):  # unique per organization
+            await db.execute("INSERT INTO service_tokens VALUES (?, ?, ?, '[\"read\"]', 1)",
+                             (org, SERVICE_COMMON_NAME, f"{org} bot"))
+        with pytest.raises(sqlite3.IntegrityError):  # unique per organization
             await db.execute("INSERT INTO service_tokens VALUES ('org_a', ?, 'again', '[\"read\"]', 2)", (SERVICE_COMMON_NAME,))
         rows = (await db.execute("SELECT organization_id, name FROM service_tokens ORDER BY organization_id")).rows
         assert [(r["organization_id"], r["name"]) for r in rows] == [("org_a", "org_a bot"), ("org_b", "org_b bot")]

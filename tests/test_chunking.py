@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -67,7 +68,7 @@ def check_invariants(text: str, counter, max_tokens: int, overlap_tokens: int) -
         return chunks
     assert spans[0][0] == len(text) - len(text.lstrip())
     assert spans[-1][1] == len(text.rstrip())
-    for (a, b), (c, d) in zip(spans, spans[1:]):
+    for (a, b), (c, d) in pairwise(spans):
         assert a < c and b < d  # moving forward; a chunk never contains its predecessor
         assert not text[b:c].strip(), "nothing between two chunks is left out"
     for chunk in chunks:
@@ -125,7 +126,7 @@ def test_long_note_is_packed_by_paragraph_with_overlap(counter):
         assert any(p in chunk for chunk in chunks), p[:40]
     for s in sentences_of(note):  # and nothing is lost
         assert any(s in chunk for chunk in chunks), s
-    for previous, following in zip(chunks, chunks[1:]):
+    for previous, following in pairwise(chunks):
         shared = overlap_len(previous, following)
         assert 0 < shared < len(previous), "neighbours share their boundary text"
         assert counter(following[:shared]) <= overlap

@@ -560,7 +560,7 @@ async def test_upsert_validates_before_sending():
     assert await idx.upsert([]) is None
     # a repeated id is sent once: its last occurrence
     await idx.upsert([Vector("a", np.ones(DIMS), "o1", {"v": 1}), Vector("a", np.ones(DIMS), "o1", {"v": 2})])
-    assert [l["metadata"] for l in state["writes"][0][1]] == [{"v": 2}]
+    assert [line["metadata"] for line in state["writes"][0][1]] == [{"v": 2}]
 
 
 @pytest.mark.parametrize(
@@ -784,7 +784,8 @@ async def test_embedder_rejects_malformed_output():
 
 
 async def test_ai_capacity_429_does_not_block_the_whole_budget():
-    rec = Recorder(error(429, "out of capacity", code=3040, headers={"retry-after": "2"}), envelope({"shape": [1, 768], "data": [[1.0] * 768]}))
+    rec = Recorder(error(429, "out of capacity", code=3040, headers={"retry-after": "2"}),
+                   envelope({"shape": [1, 768], "data": [[1.0] * 768]}))
     api, t = make_api(rec)
     await WorkersAIEmbedder(api).embed(["a"])
     assert len(rec.requests) == 2 and api.budget.snapshot()["blocked_until"] is None
@@ -1094,7 +1095,8 @@ async def test_emulator_vector_roundtrip_with_lag(backend, cf):
 
 async def test_emulator_index_of_another_model_is_refused(backend):
     api = backend.api
-    other = VectorizeIndex(api, backend.settings.cloudflare_vectorize_index, dimensions=768, model="@cf/baai/bge-base-en-v1.5:cls")
+    other = VectorizeIndex(api, backend.settings.cloudflare_vectorize_index, dimensions=768,
+                           model="@cf/baai/bge-base-en-v1.5:cls")
     await other.create_index()
     with pytest.raises(EmbeddingModelMismatch):
         await backend.index.upsert([Vector("o:1", np.ones(768), "o")])
@@ -1173,8 +1175,8 @@ async def test_emulator_check_reports_then_fixes(backend, cf):
     assert report.ok, "\n".join(lines)
     lines.clear()
     report = await check(s, out=lines.append, http=backend.http)
-    assert report.ok and all(not l.startswith("MISSING") for l in lines)
-    assert any("metadata indexes" in l and "organization_id" in l for l in lines)
+    assert report.ok and all(not line.startswith("MISSING") for line in lines)
+    assert any("metadata indexes" in line and "organization_id" in line for line in lines)
     # a metadata index that is missing is named exactly
     cf.vectorize.indexes[(cf.account, backend.index.name)].declared_meta.pop("parent_id")
     cf.vectorize.indexes[(cf.account, backend.index.name)].meta_indexes.pop("parent_id")
@@ -1239,7 +1241,8 @@ async def test_emulator_reindex_is_resumable(backend, tmp_path):
     pending = (await db.execute("SELECT count(*) AS n FROM chunks WHERE indexed_at IS NULL")).rows[0]["n"]
     assert pending == 0
     # a stray vector (no chunk) is pruned; a finished run starts over next time
-    await OrgVectors(backend.index, "org_r").upsert([("ghost", np.ones(768, dtype=np.float32), {"kind": "thought", "parent_id": "x", "ordinal": 0})])
+    await OrgVectors(backend.index, "org_r").upsert([("ghost", np.ones(768, dtype=np.float32),
+                                                      {"kind": "thought", "parent_id": "x", "ordinal": 0})])
     result = await reindex(db, backend.index, backend.emb, "org_r", state_dir=tmp_path, page_size=50, prune=True, progress=False,
                            list_ids=backend.index.list_ids)
     assert (result.resumed_from, result.embedded, result.pruned) == (0, 7, 1)

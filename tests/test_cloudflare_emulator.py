@@ -392,7 +392,7 @@ def test_ai_embeddings(cf):
                                            "Quarterly revenue grew by ten percent"]}))
     assert res["shape"] == [3, 768] and res["pooling"] == "mean" and len(res["data"][0]) == 768
     a, b, c = res["data"]
-    dot = lambda x, y: sum(i * j for i, j in zip(x, y))  # noqa: E731
+    dot = lambda x, y: sum(i * j for i, j in zip(x, y, strict=True))  # noqa: E731
     assert dot(a, a) == pytest.approx(1.0, abs=1e-6)
     assert dot(a, b) > 0.4 > abs(dot(a, c))
     again = ok(cf.post(EMBED, json={"text": "The user prefers vim for editing"}))

@@ -12,10 +12,8 @@ import io
 import json
 import random
 import sqlite3
-import tempfile
 import time
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -30,34 +28,8 @@ from services.conversations.messages import chunk_windows, window_starts
 from services.conversations.models import MessageIn
 from services.conversations.search import score_messages
 from services.storage.scoped import OrgSql
-from tests.conftest import EMU_INDEX, Live, assert_error, provision_emulator, signup, start_live
+from tests.conftest import EMU_INDEX, Live, assert_error, signup
 from tests.mcp_client import mcp_session
-
-
-@pytest.fixture(scope="module", params=["embedded", "cloudflare"])
-def hlive(request):
-    """The service with the hash embedder (plumbing without the model's cost), once per backend: SQLite +
-    local vectors, then D1 + Vectorize on the Cloudflare emulator."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if request.param == "embedded":
-            server, ctx = start_live(Path(tmp), embedder="hash")
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
-            return
-        from services.adapters.hash_embedder import HashEmbedder
-        from tests.cloudflare_emulator import running_emulator
-
-        emb = HashEmbedder()
-        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
-            server, ctx = start_live(Path(tmp) / "service", embedder="hash",
-                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
-            server.backend, server.emulator = "cloudflare", emu
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
 
 
 @asynccontextmanager
@@ -104,7 +76,8 @@ def _create(http, org, **body) -> str:
 
 
 def _msgs(n: int, start: int = 0, prefix: str = "turn") -> list[dict]:
-    return [{"role": "user" if (start + i) % 2 == 0 else "assistant", "content": f"{prefix} {start + i}: " + "lorem ipsum " * ((start + i) % 7)}
+    return [{"role": "user" if (start + i) % 2 == 0 else "assistant",
+             "content": f"{prefix} {start + i}: " + "lorem ipsum " * ((start + i) % 7)}
             for i in range(n)]
 
 
@@ -360,7 +333,7 @@ def test_compression_round_trip_over_http(hlive, a, http):
     got = _all_messages(http, a, cid)
     assert [m["content"] for m in got] == TRICKY and [m["metadata"] for m in got] == [{"i": i} for i in range(len(TRICKY))]
     rows = hlive.sql("SELECT content, content_encoding FROM messages WHERE conversation_id = ? ORDER BY sequence", (cid,))
-    for text, (stored, enc) in zip(TRICKY, rows):
+    for text, (stored, enc) in zip(TRICKY, rows, strict=True):
         assert enc == ("raw" if len(text.encode()) < 128 else "gzip+base64")
         assert (stored == text) if enc == "raw" else (decode_content(stored, enc) == text)
     english = rows[3]
@@ -377,7 +350,8 @@ def test_invalid_unicode_is_refused(hlive, a, http):
 
 def _insert_legacy(live: Live, org_id: str, cid: str, texts: list[str]) -> None:
     with sqlite3.connect(live.org_db_paths()[org_id]) as conn:
-        base = conn.execute("SELECT last_sequence FROM conversations WHERE organization_id = ? AND id = ?", (org_id, cid)).fetchone()[0]
+        base = conn.execute("SELECT last_sequence FROM conversations WHERE organization_id = ? AND id = ?",
+                            (org_id, cid)).fetchone()[0]
         for i, t in enumerate(texts, start=1):
             conn.execute(
                 "INSERT INTO messages (organization_id, id, conversation_id, sequence, role, content, content_encoding, "
@@ -388,7 +362,8 @@ def _insert_legacy(live: Live, org_id: str, cid: str, texts: list[str]) -> None:
                      "WHERE organization_id = ? AND id = ?", (len(texts), len(texts), org_id, cid))
 
 
-LEGACY = [f"Legacy message {i}: " + ("the quarterly report discusses revenue growth in the northern region. " * (i % 4)) for i in range(25)]
+LEGACY = [f"Legacy message {i}: " + ("the quarterly report discusses revenue growth in the northern region. " * (i % 4))
+          for i in range(25)]
 
 
 def test_legacy_rows_are_readable_and_searchable(hlive, a, http):
@@ -480,16 +455,20 @@ def test_rechunking_touches_only_the_tail(hlive, a, http):
         assert md["organization_id"] == a.id and md["parent_id"] == cid and md["kind"] == "conversation"
         assert (md["start_sequence"], md["end_sequence"]) == (c[2], c[3])
     stored = _all_messages(http, a, cid)
-    assert [(c[2], c[3], c[5]) for c in _chunks(hlive, cid)] == chunk_windows([(m["sequence"], m["role"], m["content"]) for m in stored])
+    expected = chunk_windows([(m["sequence"], m["role"], m["content"]) for m in stored])
+    assert [(c[2], c[3], c[5]) for c in _chunks(hlive, cid)] == expected
 
 
 def _footprint(live: Live, org_id: str, cid: str) -> dict:
     return {
-        "messages": live.sql("SELECT COUNT(*) FROM messages WHERE organization_id = ? AND conversation_id = ?", (org_id, cid))[0][0],
+        "messages": live.sql("SELECT COUNT(*) FROM messages WHERE organization_id = ? AND conversation_id = ?",
+                             (org_id, cid))[0][0],
         "chunks": live.sql("SELECT COUNT(*) FROM chunks WHERE organization_id = ? AND parent_id = ?", (org_id, cid))[0][0],
-        "fts": live.sql("SELECT COUNT(*) FROM chunks_fts WHERE organization_id = ? AND rowid NOT IN (SELECT pk FROM chunks)", (org_id,))[0][0],
+        "fts": live.sql("SELECT COUNT(*) FROM chunks_fts WHERE organization_id = ? AND rowid NOT IN (SELECT pk FROM chunks)",
+                        (org_id,))[0][0],
         "jobs": live.sql("SELECT COUNT(*) FROM jobs WHERE organization_id = ? AND target_id = ?", (org_id, cid))[0][0],
-        "keys": live.sql("SELECT COUNT(*) FROM conversation_idempotency WHERE organization_id = ? AND conversation_id = ?", (org_id, cid))[0][0],
+        "keys": live.sql("SELECT COUNT(*) FROM conversation_idempotency WHERE organization_id = ? AND conversation_id = ?",
+                         (org_id, cid))[0][0],
         "conversation": live.sql("SELECT COUNT(*) FROM conversations WHERE organization_id = ? AND id = ?", (org_id, cid))[0][0],
     }
 
@@ -539,7 +518,8 @@ FACTS = [
 def test_search_returns_windows_with_messages_and_best_sequence(hlive, a, http):
     cid = _create(http, a, title="Offsite")
     _append(http, a, cid, [{"role": r, "content": c, "metadata": {"n": i}} for i, (r, c) in enumerate(FACTS)])
-    tid = http.post("/v1/thoughts", json={"content": "The harbour venue has a projector and seats forty."}, headers=a.headers).json()["id"]
+    tid = http.post("/v1/thoughts", json={"content": "The harbour venue has a projector and seats forty."},
+                    headers=a.headers).json()["id"]
     _wait_indexed(hlive, a, cid)
     hlive.wait_indexed(a.headers, tid)
 
@@ -579,7 +559,8 @@ def test_semantic_search_pinpoints_a_paraphrased_fact(live, client):
               ("assistant", "Attach a tzinfo with zoneinfo.ZoneInfo and convert to UTC before storing.")]
     fact = ("user", "By the way, my sister Margaret just adopted a greyhound called Biscuit.")
     convo = filler * 3 + [fact] + filler * 3
-    client.post(f"/v1/conversations/{cid}/messages", json={"messages": [{"role": r, "content": c} for r, c in convo]}, headers=org.headers)
+    client.post(f"/v1/conversations/{cid}/messages", json={"messages": [{"role": r, "content": c} for r, c in convo]},
+                headers=org.headers)
     _wait_indexed(live, org, cid, timeout=120)
     hits = client.post("/v1/search", json={"query": "what dog did my sibling get?", "kinds": ["conversation"], "top_k": 3},
                        headers=org.headers).json()["results"]
@@ -611,7 +592,8 @@ def test_bad_input_is_4xx_with_the_error_body_and_changes_nothing(hlive, a, http
     ]
     for body, status in cases:
         assert_error(http.post(f"/v1/conversations/{cid}/messages", json=body, headers=a.headers), status)
-    assert_error(http.post(f"/v1/conversations/{cid}/messages", content=b"{not json", headers={**a.headers, "content-type": "application/json"}), 400)
+    assert_error(http.post(f"/v1/conversations/{cid}/messages", content=b"{not json",
+                           headers={**a.headers, "content-type": "application/json"}), 400)
     assert_error(_append(http, a, cid, _msgs(1), **{"Idempotency-Key": "k" * 300}), 400)
     assert _footprint(hlive, a.id, cid) == snapshot
     assert_error(http.post("/v1/conversations", json={"title": "t" * 501}, headers=a.headers), 400)
@@ -641,7 +623,8 @@ def test_bad_input_is_4xx_with_the_error_body_and_changes_nothing(hlive, a, http
 
 def _org_snapshot(live: Live, org_id: str):
     return (
-        live.sql("SELECT id, title, metadata, message_count, last_sequence, updated_at FROM conversations WHERE organization_id = ? ORDER BY id", (org_id,)),
+        live.sql("SELECT id, title, metadata, message_count, last_sequence, updated_at FROM conversations "
+                 "WHERE organization_id = ? ORDER BY id", (org_id,)),
         live.sql("SELECT id, sequence, content, content_encoding FROM messages WHERE organization_id = ? ORDER BY id", (org_id,)),
         live.sql("SELECT id, content FROM chunks WHERE organization_id = ? ORDER BY id", (org_id,)),
         sorted(_vectors(live, org_id)),
@@ -677,7 +660,8 @@ async def test_mcp_conversation_tools(hlive, a, b, http):
         assert {"create_conversation", "append_messages", "get_conversation", "list_conversations",
                 "delete_conversation", "search_conversations"} <= names
         tools = {t.name: t for t in (await s.list_tools()).tools}
-        assert tools["append_messages"].outputSchema and tools["append_messages"].inputSchema["required"] == ["conversation_id", "messages"]
+        assert tools["append_messages"].outputSchema
+        assert tools["append_messages"].inputSchema["required"] == ["conversation_id", "messages"]
         made = await s.call_tool("create_conversation", {"title": "via mcp"})
         cid = made.structuredContent["id"]
         msgs = [{"role": r, "content": c, "client_id": f"k{i}"} for i, (r, c) in enumerate(FACTS)]
@@ -687,7 +671,8 @@ async def test_mcp_conversation_tools(hlive, a, b, http):
         # the original result, saying that all of it was replayed this time
         assert again.structuredContent == {**app.structuredContent, "replayed": 10} and app.structuredContent["replayed"] == 0
         got = await s.call_tool("get_conversation", {"conversation_id": cid, "limit": 4})
-        assert [m["sequence"] for m in got.structuredContent["messages"]] == [1, 2, 3, 4] and got.structuredContent["next_from"] == 5
+        assert [m["sequence"] for m in got.structuredContent["messages"]] == [1, 2, 3, 4]
+        assert got.structuredContent["next_from"] == 5
         listed = await s.call_tool("list_conversations", {"limit": 5})
         assert listed.structuredContent["conversations"][0]["id"] == cid
         found = await s.call_tool("search_conversations", {"query": "caterer menus gluten free", "conversation_id": cid})
@@ -706,7 +691,8 @@ async def test_mcp_conversation_tools(hlive, a, b, http):
             res = await s.call_tool(tool, args)
             assert res.isError and json.loads(res.content[0].text)["error"]["code"] == "not_found", (tool, res)
         assert (await s.call_tool("list_conversations", {})).structuredContent["conversations"] == []
-        assert (await s.call_tool("search_conversations", {"query": "caterer gluten free", "include_thoughts": True})).structuredContent["results"] == []
+        found = await s.call_tool("search_conversations", {"query": "caterer gluten free", "include_thoughts": True})
+        assert found.structuredContent["results"] == []
     assert _org_snapshot(hlive, a.id) == before
 
     key = http.post("/v1/keys", json={"name": "ro", "scopes": ["read"]}, headers=a.headers).json()["key"]
@@ -724,7 +710,8 @@ async def test_mcp_conversation_tools(hlive, a, b, http):
 
 def test_openapi_lists_the_conversation_operations(hlive, http):
     doc = http.get("/schema/openapi.json").json()
-    ops = {op["operationId"] for path in doc["paths"].values() for op in path.values() if isinstance(op, dict) and "operationId" in op}
+    ops = {op["operationId"] for path in doc["paths"].values() for op in path.values()
+           if isinstance(op, dict) and "operationId" in op}
     assert {"createConversation", "listConversations", "getConversation", "deleteConversation", "appendMessages",
             "listMessages", "backfillCompress"} <= ops
 
@@ -763,8 +750,8 @@ def test_top_results_are_not_ten_neighbours_of_one_hit(hlive, a, http):
                 "content": f"kayak rental paddle notes part {i}: the kayak paddle rental shop on the river"} for i in range(12)]
     _append(http, a, cid, cluster)
     for label in ("s2", "s3"):
-        body = {"session": label, "messages": _msgs(6, prefix=f"{label} chat") + [
-            {"role": "user", "content": f"In {label} we booked the kayak paddle rental for the river again"}] + _msgs(6, prefix=f"{label} more")}
+        kayak = {"role": "user", "content": f"In {label} we booked the kayak paddle rental for the river again"}
+        body = {"session": label, "messages": _msgs(6, prefix=f"{label} chat") + [kayak] + _msgs(6, prefix=f"{label} more")}
         assert http.post(f"/v1/conversations/{cid}/messages", json=body, headers=a.headers).status_code == 201
     _wait_indexed(hlive, a, cid)
     hits = _search(http, a, "kayak paddle rental river", conversation_id=cid)
@@ -778,14 +765,16 @@ def test_top_results_are_not_ten_neighbours_of_one_hit(hlive, a, http):
 def test_created_at_round_trip_and_from_to_filters(hlive, a, http):
     cid = _create(http, a)
     body = {"created_at": "2024-03-04", "session": "2024-03-04", "messages": [
-        {"role": "user", "content": "We decided to move the standup to ten for the Lisbon team", "created_at": "2024-03-04T09:30:00Z"},
+        {"role": "user", "content": "We decided to move the standup to ten for the Lisbon team",
+         "created_at": "2024-03-04T09:30:00Z"},
         {"role": "assistant", "content": "Noted, standup at ten with Lisbon", "ts": 1709545200000},
         {"role": "user", "content": "And the Lisbon retro moves to Fridays"},
     ]}
     r = http.post(f"/v1/conversations/{cid}/messages", json=body, headers=a.headers)
     assert r.status_code == 201, r.text
     r = http.post(f"/v1/conversations/{cid}/messages", headers=a.headers, json={"messages": [
-        {"role": "user", "content": "Lisbon standup is back at nine", "created_at": "2024-05-20T08:00:00+02:00", "session": "may"}]})
+        {"role": "user", "content": "Lisbon standup is back at nine", "created_at": "2024-05-20T08:00:00+02:00",
+         "session": "may"}]})
     assert r.status_code == 201, r.text
     msgs = _all_messages(http, a, cid)
     assert [m["created_at"] for m in msgs] == [1709544600000, 1709545200000, 1709510400000, 1716184800000]
@@ -808,8 +797,10 @@ def test_created_at_round_trip_and_from_to_filters(hlive, a, http):
 
 def test_a_relative_date_in_the_query_favours_messages_of_that_range(hlive, a, http):
     cid = _create(http, a)
-    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the billing service", "created_at": "2024-01-10"}])
-    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the reporting service", "created_at": "2024-03-04"}])
+    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the billing service",
+                            "created_at": "2024-01-10"}])
+    _append(http, a, cid, [{"role": "user", "content": "We decided to use Postgres for the reporting service",
+                            "created_at": "2024-03-04"}])
     _wait_indexed(hlive, a, cid)
     query = "what did we decide about Postgres last week"
     # min_score 0: the hash embedder's vectors are too weak for the relevance floor on this short query

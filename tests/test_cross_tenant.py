@@ -52,7 +52,8 @@ def test_rest_listings_and_search_never_show_the_other_org(live, pair, client):
     assert client.get("/v1/thoughts", params={"limit": 100}, headers=b.headers).json()["thoughts"] == []
     assert client.get("/thoughts", headers=b.headers).json()["thoughts"] == []
     for path in ("/v1/search", "/search"):
-        res = client.post(path, json={"query": "Project Nightingale quantum ledger launch", "top_k": 50}, headers=b.headers).json()
+        res = client.post(path, json={"query": "Project Nightingale quantum ledger launch", "top_k": 50},
+                          headers=b.headers).json()
         assert res["results"] == []
     keys_b = client.get("/v1/keys", headers=b.headers).json()["keys"]
     assert {k["id"] for k in keys_b} == {b.key_id}

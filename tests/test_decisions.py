@@ -122,8 +122,9 @@ async def test_flag_band_contradiction_links_both(env):
     assert llm.calls[0]["schema"]["properties"]["action"]["enum"] == ["contradiction", "replace", "merge", "keep_both"]
     new_links = (await t.get(res.id)).links
     old_links = (await t.get(old)).links
-    assert [(l.thought_id, l.kind, l.direction, l.reason) for l in new_links] == [(old, "contradicts", "outgoing", "the city differs")]
-    assert [(l.thought_id, l.direction) for l in old_links] == [(res.id, "incoming")]
+    assert [(link.thought_id, link.kind, link.direction, link.reason) for link in new_links] == [
+        (old, "contradicts", "outgoing", "the city differs")]
+    assert [(link.thought_id, link.direction) for link in old_links] == [(res.id, "incoming")]
     # deleting either removes the link from the other
     await t.delete(res.id)
     assert (await t.get(old)).links == []
@@ -321,7 +322,8 @@ async def test_replace_writes_the_new_thought_before_removing_the_old(env):
 
     sql = env.org["org_a"].sql
     vec = OrgVectors(Spy(env.index), "org_a")
-    t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb, llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
+    t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb,
+                                                        llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
     await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
     await t.capture(NEW)
@@ -344,7 +346,8 @@ async def test_a_failed_new_write_leaves_the_old_thought_intact(env):
 
     fdb = FailingDb(env.db)
     sql, vec = OrgSql(fdb, "org_a"), OrgVectors(env.index, "org_a")
-    t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb, llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
+    t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb,
+                                                        llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
     old = await env.existing(t)
     chunks = [c.id for c in (await t.get(old)).chunks]
     env.emb.set(NEW, near(0, 1, 0.9))

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import signup
-from tests.test_conversations import _create, _append, _footprint, _msgs, _vectors, _wait_no_jobs, hlive  # noqa: F401
+from tests.test_conversations import _create, _append, _footprint, _msgs, _vectors, _wait_no_jobs
 
 WAIT = 30.0
 
@@ -88,7 +88,8 @@ def _write(http, org, kind: str) -> str:
         cid = _create(http, org)
         assert _append(http, org, cid, _msgs(20)).status_code in (200, 201)
         return cid
-    r = http.post("/v1/thoughts", json={"content": "The staging database moved to the eu-west cluster. " * 8}, headers=org.headers)
+    r = http.post("/v1/thoughts", json={"content": "The staging database moved to the eu-west cluster. " * 8},
+                  headers=org.headers)
     assert r.status_code in (200, 201), r.text
     return r.json()["id"]
 

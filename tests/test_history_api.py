@@ -53,7 +53,8 @@ def _pair(server: Live, tag: str, cos: float) -> tuple[str, str]:
 
 
 def _history_rows(server: Live, org_id: str):
-    return server.sql("SELECT id, thought_id, original_id, content FROM thought_history WHERE organization_id = ? ORDER BY id", (org_id,))
+    return server.sql("SELECT id, thought_id, original_id, content FROM thought_history WHERE organization_id = ? ORDER BY id",
+                      (org_id,))
 
 
 def test_merge_history_restore_and_purge_over_rest(scripted):
@@ -62,7 +63,8 @@ def test_merge_history_restore_and_purge_over_rest(scripted):
     with scripted.client() as c:
         old = c.post("/v1/thoughts", json={"content": old_text}, headers=a.headers).json()
         assert old["decision"] == {"action": "created"}
-        _script(scripted, {"action": "merge", "target_id": "m1", "merged_content": "The quarterly review: Bergen office (was Oslo)."})
+        _script(scripted, {"action": "merge", "target_id": "m1",
+                           "merged_content": "The quarterly review: Bergen office (was Oslo)."})
         r = c.post("/v1/thoughts", json={"content": new_text, "source": "chat"}, headers=a.headers)
         assert r.status_code == 201, r.text
         merged = r.json()
@@ -81,7 +83,8 @@ def test_merge_history_restore_and_purge_over_rest(scripted):
         restored = r.json()
         assert restored["decision"]["action"] == "created"
         assert c.get(f"/v1/thoughts/{restored['id']}", headers=a.headers).json()["content"] == new_text
-        assert [h["id"] for h in c.get(f"/v1/thoughts/{merged['id']}/history", headers=a.headers).json()["entries"]] == [original["id"]]
+        assert [h["id"] for h in c.get(f"/v1/thoughts/{merged['id']}/history",
+                                       headers=a.headers).json()["entries"]] == [original["id"]]
         assert_error(c.post(f"/v1/thoughts/{merged['id']}/history/{incoming['id']}/restore", headers=a.headers), 404)
 
         assert c.delete(f"/v1/thoughts/{merged['id']}/history/{original['id']}", headers=a.headers).status_code == 204
@@ -101,7 +104,8 @@ def test_replace_contradiction_and_duplicate_over_rest(scripted):
         assert new["decision"]["action"] == "replaced" and new["decision"]["related_id"] == old["id"]
         assert not scripted.vector_ids(f"{a.id}:") or all(
             v[2]["parent_id"] != old["id"] for v in scripted.vectors(f"{a.id}:"))
-        assert [h["original_id"] for h in c.get(f"/v1/thoughts/{new['id']}/history", headers=a.headers).json()["entries"]] == [old["id"]]
+        assert [h["original_id"] for h in c.get(f"/v1/thoughts/{new['id']}/history",
+                                                headers=a.headers).json()["entries"]] == [old["id"]]
 
         one, two = _pair(scripted, "contradiction", 0.7)
         first = c.post("/v1/thoughts", json={"content": one}, headers=a.headers).json()
@@ -201,7 +205,8 @@ def test_near_identical_capture_is_blocked_without_a_model(live, org, client):
     # a changed number is not a duplicate: kept (and flagged when that close)
     r = client.post("/v1/thoughts", json={"content": text.replace("room 4", "room 5")}, headers=org.headers)
     assert r.status_code == 201 and r.json()["decision"]["action"] in ("flagged", "created")
-    other = client.post("/v1/thoughts", json={"content": "Sourdough needs a ripe starter and a long cold proof."}, headers=org.headers)
+    other = client.post("/v1/thoughts", json={"content": "Sourdough needs a ripe starter and a long cold proof."},
+                        headers=org.headers)
     assert other.status_code == 201 and other.json()["decision"] == {"action": "created"}
 
 
@@ -229,7 +234,8 @@ def test_explain_over_rest_adds_up_and_only_deliberate_use_counts(live, org, cli
         live.wait_indexed(org.headers, tid)  # polls GET /v1/thoughts/{id}: a fetch by id, one use however often
     assert _wait_uses(live, org, {ids[0]: 1, ids[1]: 1}) == {ids[0]: 1, ids[1]: 1}
     for _ in range(20):  # searches are not uses
-        results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True}, headers=org.headers).json()["results"]
+        results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True},
+                              headers=org.headers).json()["results"]
     assert {r["document_id"] for r in results} >= set(ids)
     for r in results:
         e = r["explain"]
@@ -241,13 +247,15 @@ def test_explain_over_rest_adds_up_and_only_deliberate_use_counts(live, org, cli
     assert counts[ids[0]] == 2 and counts[ids[1]] == 1, counts  # exactly: twenty searches added nothing
     listed = {t["id"]: t for t in client.get("/v1/thoughts?limit=5", headers=org.headers).json()["thoughts"]}
     assert listed[ids[0]]["uses"] == 2 and listed[ids[0]]["last_used_at"] > 0
-    results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True}, headers=org.headers).json()["results"]
+    results = client.post("/v1/search", json={"query": "lighthouse fog horn", "explain": True},
+                          headers=org.headers).json()["results"]
     e0 = next(r for r in results if r["document_id"] == ids[0])["explain"]
     assert e0["uses"] == 2 and e0["frequency"] <= 1.05
 
 
 def test_marking_another_orgs_thought_used_is_404_and_changes_nothing(live, org, other_org, client):
-    tid = client.post("/v1/thoughts", json={"content": "Alpha's launch checklist lives in the ops wiki."}, headers=org.headers).json()["id"]
+    tid = client.post("/v1/thoughts", json={"content": "Alpha's launch checklist lives in the ops wiki."},
+                      headers=org.headers).json()["id"]
     assert_error(client.post(f"/v1/thoughts/{tid}/used", headers=other_org.headers), 404)
     assert_error(client.post("/v1/thoughts/th_does_not_exist/used", headers=org.headers), 404)
     with live.client() as c:
@@ -259,7 +267,8 @@ def test_marking_another_orgs_thought_used_is_404_and_changes_nothing(live, org,
 
 
 def test_history_endpoints_are_404_for_another_orgs_thought(live, org, other_org, client):
-    tid = client.post("/v1/thoughts", json={"content": "Alpha's private note on the merger timeline."}, headers=org.headers).json()["id"]
+    tid = client.post("/v1/thoughts", json={"content": "Alpha's private note on the merger timeline."},
+                      headers=org.headers).json()["id"]
     assert client.get(f"/v1/thoughts/{tid}/history", headers=org.headers).json() == {"thought_id": tid, "entries": []}
     b = other_org.headers
     assert_error(client.get(f"/v1/thoughts/{tid}/history", headers=b), 404)

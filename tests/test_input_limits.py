@@ -118,7 +118,8 @@ def test_the_depth_limit_and_the_integer_bounds(fuzz_live, log_records):
         h = {"content-type": "application/json"}
         err = assert_error(c.post("/v1/signup", content=b'{"name": ' + b"[" * 500 + b"]" * 500 + b"}", headers=h), 400)
         assert "deeper than" in str(err)
-        ok = c.post("/v1/thoughts", content=b'{"content": "nested ok", "metadata": {"a": ' + b"[" * 20 + b"]" * 20 + b"}}", headers=h)
+        ok = c.post("/v1/thoughts", content=b'{"content": "nested ok", "metadata": {"a": ' + b"[" * 20 + b"]" * 20 + b"}}",
+                    headers=h)
         assert ok.status_code == 201, ok.text
         for path in ("/v1/thoughts?before=9223372036854775808", "/thoughts?before=18446744073709551616"):
             err = assert_error(c.get(path), 400, "invalid_input")

@@ -3,7 +3,8 @@
 With every tenant in one database, BM25's document frequencies and average lengths were computed over all
 tenants: A's keyword score for "falcon" changed when B wrote notes about falcons, which told A whether a word
 occurred in B's notes. Each organization now has its own database (and vector file); this test has B write,
-delete, search, converse and export heavily with A's own words (and a third organization import B's bundle), and checks that A's search results and every figure
+delete, search, converse and export heavily with A's own words (and a third organization import B's bundle), and
+checks that A's search results and every figure
 of their explain output (keyword score, cosine, coverage, rank, each multiplier) are exactly what they were,
 that A's ids are unchanged, and that A's database file is byte-for-byte untouched (so nothing about A's
 searches, their timing included, can depend on B's data)."""
@@ -79,7 +80,8 @@ def test_nothing_b_does_moves_a_scores_explain_ids_or_files(live: Live):
         import httpx
 
         with httpx.Client(headers=live.emulator.headers, timeout=30) as c:
-            names = {d["name"] for d in c.get(f"{live.emulator.account_url}/d1/database", params={"per_page": 1000}).json()["result"]}
+            names = {d["name"] for d in c.get(f"{live.emulator.account_url}/d1/database",
+                                              params={"per_page": 1000}).json()["result"]}
         assert {f"memex-{a.id}", f"memex-{b.id}"} <= names
     with live.client() as c:
         for note in A_NOTES:
@@ -124,7 +126,7 @@ def test_nothing_b_does_moves_a_scores_explain_ids_or_files(live: Live):
     after = {q: _search(live, a, q) for q in QUERIES}
     for q in QUERIES:  # same hits, same order, same keyword scores, cosines, coverage and factors
         assert [h[:2] for h in after[q]] == [h[:2] for h in before[q]], q
-        for (_, _, was), (_, _, now) in zip(before[q], after[q]):
+        for (_, _, was), (_, _, now) in zip(before[q], after[q], strict=True):
             moved = {k: (was.get(k), now.get(k)) for k in was.keys() | now.keys() if was.get(k) != now.get(k)}
             assert not moved, (q, moved)
     assert _ids(live, a) == ids_before

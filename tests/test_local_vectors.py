@@ -239,7 +239,7 @@ async def test_filtered_results_match_brute_force(index):
     kinds = rng.integers(0, 50, size=n)
     await index.upsert([Vector(f"v{i}", vecs[i], "A", {"k": int(kinds[i])}) for i in range(n)])
     unitv = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-    for trial in range(5):
+    for _ in range(5):
         q = rng.normal(size=DIMS).astype(np.float32)
         scores = unitv @ (q / np.linalg.norm(q))
         for flt, mask in (({"k": 3}, kinds == 3), ({"k": {"$lt": 40}}, kinds < 40)):
@@ -409,7 +409,7 @@ async def test_big_namespace_code_paths_give_the_same_answers(index, monkeypatch
     monkeypatch.setattr(mod, "INLINE_QUERY_MAX_FLOATS", 0)
     monkeypatch.setattr(matrix, "_BLAS_MAX_FLOATS", 0)
     big = [await index.query(q, top_k=20, namespace="A", filter={"k": {"$gte": 3}}) for q in queries]
-    for a, b in zip(small, big):
+    for a, b in zip(small, big, strict=True):
         assert [m.id for m in a] == [m.id for m in b]
         assert [m.score for m in a] == pytest.approx([m.score for m in b], abs=1e-6)
 
@@ -436,7 +436,7 @@ async def test_durable_across_close_and_reopen(tmp_path):
     after = {ns: await again.query(q, top_k=10, namespace=ns, return_metadata=True) for ns in "AB"}
     assert [(m.id, m.metadata) for m in after["A"]] == [(m.id, m.metadata) for m in before["A"]]
     assert [(m.id, m.metadata) for m in after["B"]] == [(m.id, m.metadata) for m in before["B"]]
-    for x, y in zip(after["A"] + after["B"], before["A"] + before["B"]):
+    for x, y in zip(after["A"] + after["B"], before["A"] + before["B"], strict=True):
         assert x.score == pytest.approx(y.score, abs=1e-6)
     info = await again.info()
     assert info.vector_count == 49 and info.processed_up_to_mutation == last_mutation

@@ -28,7 +28,8 @@ async def test_thought_tools_round_trip(live, org):
         assert WRITE_TOOLS | READ_TOOLS <= set(tools)
         assert all(t.outputSchema and t.inputSchema["type"] == "object" for t in tools.values())
 
-        cap = await s.call_tool("capture_thought", {"content": "The staging database password rotates every 30 days.", "source": "mcp-test"})
+        cap = await s.call_tool("capture_thought", {"content": "The staging database password rotates every 30 days.",
+                                                    "source": "mcp-test"})
         assert not cap.isError, cap.content
         tid = cap.structuredContent["id"]
         assert cap.structuredContent["created"] is True

@@ -132,7 +132,8 @@ def seed(live: Live, http, org: Org) -> dict:
     gone = http.post("/v1/keys", json={"name": "old", "scopes": ["write"]}, headers=org.headers).json()
     assert http.delete(f"/v1/keys/{gone['id']}", headers=org.headers).status_code == 204
     out["secrets"] = [org.key, agent["key"], gone["key"]]
-    assert http.post("/v1/members", json={"email": "ops@example.com", "role": "member"}, headers=org.headers).status_code in (200, 201)
+    assert http.post("/v1/members", json={"email": "ops@example.com", "role": "member"},
+                     headers=org.headers).status_code in (200, 201)
     assert http.post("/v1/service-tokens", json={"common_name": "ci-bot.access", "name": "CI", "scopes": ["read"]},
                      headers=org.headers).status_code in (200, 201)
     settle(live, org)

@@ -102,7 +102,8 @@ class Env:
         self.db, self.index = store.db, store.index  # org_a's own database and vector index
         self.sql = store.sql
         self.vectors = store.vectors
-        self.thoughts = Thoughts(self.sql, self.vectors, emb, on_use=lambda ids, fetched=False: ranking.used("org_a", ids, fetched=fetched))
+        self.thoughts = Thoughts(self.sql, self.vectors, emb,
+                                 on_use=lambda ids, fetched=False: ranking.used("org_a", ids, fetched=fetched))
         self.search = Search(self.sql, self.vectors, emb, {"thought": hydrate_thoughts}, ranking=ranking)
 
     async def run(self, query: str, **kw) -> list[SearchHit]:

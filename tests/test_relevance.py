@@ -121,8 +121,8 @@ def test_a_thousand_searches_leave_the_ranking_unchanged(loaded, live, client):
     # Scores move only with the clock (recency, decaying uses) and, while every organization shares one keyword
     # index, with other organizations' writes still being processed in the background (BM25 statistics; the
     # per-organization database removes that): by far less than 1e-4, where a rank gap is ~1e-2.
-    for b, a in zip(before, after):
-        for (_, rb, sb), (_, ra, sa) in zip(b, a):
+    for b, a in zip(before, after, strict=True):
+        for (_, rb, sb), (_, ra, sa) in zip(b, a, strict=True):
             assert ra == pytest.approx(rb, rel=1e-4) and sa == pytest.approx(sb, rel=1e-4)
     # and nothing was recorded as a use
     uses = live.sql("SELECT SUM(use_count) FROM documents WHERE organization_id = ?", (org.id,))

@@ -67,7 +67,8 @@ def test_expired_and_malformed_keys_are_401(live, client):
     assert client.get("/v1/thoughts", headers=short).status_code == 200
     time.sleep(1.2)
     assert_error(client.get("/v1/thoughts", headers=short), 401)
-    assert_error(client.post("/v1/keys", json={"name": "past", "scopes": ["read"], "expires_in_seconds": -5}, headers=org.headers), 400)
+    assert_error(client.post("/v1/keys", json={"name": "past", "scopes": ["read"], "expires_in_seconds": -5},
+                             headers=org.headers), 400)
     assert_error(client.post("/v1/keys", json={"name": "bad", "scopes": ["root"]}, headers=org.headers), 400)
     for bad in ("Bearer nonsense", "Bearer mx_0123456789abcdef_" + "A" * 43, "Basic abc", "Bearer"):
         assert_error(client.get("/v1/thoughts", headers={"authorization": bad}), 401)

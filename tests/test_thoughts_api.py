@@ -12,7 +12,8 @@ NOTE = (
 
 
 def test_capture_is_idempotent_on_content(live, org, client):
-    r1 = client.post("/v1/thoughts", json={"content": NOTE, "source": "notes/pm.md", "metadata": {"team": "payments"}}, headers=org.headers)
+    r1 = client.post("/v1/thoughts", json={"content": NOTE, "source": "notes/pm.md", "metadata": {"team": "payments"}},
+                     headers=org.headers)
     assert r1.status_code == 201, r1.text
     first = r1.json()
     assert first["created"] is True and first["chunks"] >= 1
@@ -60,7 +61,8 @@ def test_semantic_search_finds_paraphrase(live, org, client):
 
 def test_long_note_is_chunked_within_model_limit(live, org, client):
     paragraphs = [
-        f"Section {i}. " + " ".join(f"The {w} subsystem handles request {i * 7 + j}." for j, w in enumerate(["billing", "search", "auth", "cache", "queue", "storage"] * 3))
+        f"Section {i}. " + " ".join(f"The {w} subsystem handles request {i * 7 + j}."
+                                    for j, w in enumerate(["billing", "search", "auth", "cache", "queue", "storage"] * 3))
         for i in range(12)
     ]
     content = "\n\n".join(paragraphs)
@@ -97,7 +99,8 @@ def test_list_recent_pages_with_a_stable_cursor(live, client):
 
 
 def test_delete_leaves_nothing_behind(live, org, client):
-    tid = client.post("/v1/thoughts", json={"content": "ephemeral: the wifi password is on the fridge"}, headers=org.headers).json()["id"]
+    tid = client.post("/v1/thoughts", json={"content": "ephemeral: the wifi password is on the fridge"},
+                      headers=org.headers).json()["id"]
     chunk_ids = [c["id"] for c in live.wait_indexed(org.headers, tid)["chunks"]]
     assert live.vector_ids(f"{org.id}:{chunk_ids[0]}")
     assert client.delete(f"/v1/thoughts/{tid}", headers=org.headers).status_code == 204
@@ -170,7 +173,8 @@ def test_capture_latency_is_not_waiting_for_the_model(live, org, client):
 
 def test_bodies_must_be_json_and_utf8(live, org, client):
     h = org.headers
-    assert_error(client.post("/v1/thoughts", content=b'{"content": "hi"}', headers={**h, "content-type": "text/plain"}), 415, "unsupported_media_type")
+    assert_error(client.post("/v1/thoughts", content=b'{"content": "hi"}', headers={**h, "content-type": "text/plain"}),
+                 415, "unsupported_media_type")
     json_h = {**h, "content-type": "application/json"}
     assert_error(client.post("/v1/thoughts", content=b'{"content": "\xff\xfe bad"}', headers=json_h), 400)
     assert_error(client.post("/v1/thoughts", content=b'{"content": "\\ud800 lone"}', headers=json_h), 400)

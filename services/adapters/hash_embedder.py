@@ -12,6 +12,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import pairwise
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class HashEmbedder:
         for word in words:
             bucket, sign = _feature("u:" + word, self.dimensions)
             vector[bucket] += sign
-        for first, second in zip(words, words[1:]):
+        for first, second in pairwise(words):
             bucket, sign = _feature("b:" + first + " " + second, self.dimensions)
             vector[bucket] += sign * _BIGRAM_WEIGHT
         norm = np.linalg.norm(vector)

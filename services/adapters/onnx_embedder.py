@@ -257,7 +257,7 @@ class OnnxMiniLMEmbedder:
                 known[word] = tokens
         if missing:
             encodings = self._counter.encode_batch(missing, add_special_tokens=False)
-            counted = dict(zip(missing, (len(e.ids) for e in encodings)))
+            counted = dict(zip(missing, (len(e.ids) for e in encodings), strict=True))
             known.update(counted)
             self._memoise("word", counted)
         return total + sum(map(known.__getitem__, other_words))

@@ -147,7 +147,7 @@ class Namespace:
         sel = [min(1.0, max(-1.0, x)) for x in scores[picked].tolist()]
         ids, name = self.ids, self.name
         if not (return_metadata or return_values):
-            return [VectorMatch(ids[i], s, name) for i, s in zip(picked, sel)]
+            return [VectorMatch(ids[i], s, name) for i, s in zip(picked, sel, strict=True)]
         return [
             VectorMatch(
                 ids[i],
@@ -156,7 +156,7 @@ class Namespace:
                 _copy_json(self.meta(i)) if return_metadata else None,
                 self.mat[i].tolist() if return_values else None,
             )
-            for i, s in zip(picked, sel)
+            for i, s in zip(picked, sel, strict=True)
         ]
 
 

@@ -331,7 +331,7 @@ class BundleImport:
         if not stmts:
             return
         results = await self.control.batch(stmts)
-        for res, (number, kind, ident) in zip(results, checks):
+        for res, (number, kind, ident) in zip(results, checks, strict=True):
             if res.changes == 0:
                 raise refuse(number, f"this {kind} repeats one already in the bundle ({ident})", type=kind)
             self.written[kind] += 1

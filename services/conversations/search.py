@@ -251,7 +251,7 @@ class ConversationHydrator:
         docs = {k: terms(texts[k]) for k in keys}
         bm25 = _Bm25(terms(opts.query), list(docs.values()))
         full = bm25.full()
-        local_bm25 = dict(zip(keys, bm25.scores([docs[k] for k in keys])))
+        local_bm25 = dict(zip(keys, bm25.scores([docs[k] for k in keys]), strict=True))
         q_trigrams = _trigrams(opts.query)
         ref = opts.reference_time if opts.reference_time is not None else now_ms()
         dated = resolve_relative(opts.query, ref)

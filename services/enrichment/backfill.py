@@ -178,7 +178,7 @@ class Backfill:
             vocab = [] if cp.phase == 1 else await self.enricher.vocabulary(cp.seed)
             outcomes = await asyncio.gather(*(compute(r["content"], vocab) for r in rows))
             done_rows: list[tuple[dict, Enrichment]] = []
-            for r, e in zip(rows, outcomes):
+            for r, e in zip(rows, outcomes, strict=True):
                 if e.state == "skipped_budget":
                     stopped = "budget"
                     break

@@ -283,7 +283,8 @@ class Enricher:
                     )]
                     + [self.sql.stmt(
                         # not for a thought deleted meanwhile (its chunks are gone with it)
-                        "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) SELECT ?1, 'embed', ?2, ?3, ?3 "
+                        "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) "
+                        "SELECT ?1, 'embed', ?2, ?3, ?3 "
                         "WHERE EXISTS (SELECT 1 FROM chunks WHERE organization_id = ?1 AND parent_id = ?2)",
                         p, now,
                     ) for p in parents]

@@ -15,8 +15,9 @@ factors are bounded multipliers that reorder near-ties and cannot lift a weak ma
 * frequency: deliberate use only, never searches (a search that raised the scores of what it returned made
   the next, unrelated searches return the same notes: SciFact nDCG@10 fell from 74 to 51.6 with that default).
   A use is a thought fetched by id (``GET /v1/thoughts/{id}``, MCP ``get_thought``; once an hour per thought,
-  so polling is one use) or marked used (``POST /v1/thoughts/{id}/used``, MCP ``mark_used``; every time). Uses decay with a 30-day half-life (``uses_now``, the
-  decayed count) and saturate: ``1 + USE_SPAN * (1 - 0.5 ** (uses_now / USE_SATURATION))``, in [1.0, 1.05]
+  so polling is one use) or marked used (``POST /v1/thoughts/{id}/used``, MCP ``mark_used``; every time).
+  Uses decay with a 30-day half-life (``uses_now``, the decayed count) and saturate:
+  ``1 + USE_SPAN * (1 - 0.5 ** (uses_now / USE_SATURATION))``, in [1.0, 1.05]
   (one fresh use 1.016, two 1.025, ten 1.048; the cap is 1.05 however often a note is used). Uses are stored as
   ``documents.use_weight``, the sum over uses of ``2 ** ((t_use - USE_EPOCH) / half-life)``; the decayed count
   at ``now`` is ``use_weight * 2 ** (-(now - USE_EPOCH) / half-life)``. Adding a use is one additive UPDATE
@@ -245,8 +246,10 @@ class UseRecorder:
             try:
                 await (await self.sql_for(org_id)).execute(
                     "UPDATE documents SET "
-                    "use_weight = use_weight + (SELECT json_extract(j.value, '$[0]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
-                    "use_count = use_count + (SELECT json_extract(j.value, '$[1]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
+                    "use_weight = use_weight + "
+                    "(SELECT json_extract(j.value, '$[0]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
+                    "use_count = use_count + "
+                    "(SELECT json_extract(j.value, '$[1]') FROM json_each(?2) AS j WHERE j.key = documents.id), "
                     "last_used_at = (SELECT json_extract(j.value, '$[2]') FROM json_each(?2) AS j WHERE j.key = documents.id) "
                     "WHERE organization_id = ?1 AND id IN (SELECT key FROM json_each(?2))",
                     [json.dumps(uses)],

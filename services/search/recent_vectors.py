@@ -94,7 +94,7 @@ class RecentVectors:
         if not entries:
             return []
         scores = np.stack([e.vector for e in entries]) @ np.asarray(vector, dtype=np.float32)
-        return [(e.parent_id, float(s)) for e, s in zip(entries, scores)]
+        return [(e.parent_id, float(s)) for e, s in zip(entries, scores, strict=True)]
 
 
 class OrgCachedEmbedder:

@@ -184,7 +184,7 @@ class Search:
         if len(scores) != len(head):
             log.warning("reranker returned %d scores for %d passages; keeping the fused order", len(scores), len(head))
             return hits
-        for h, s in zip(head, scores):
+        for h, s in zip(head, scores, strict=True):
             h.score = float(s)
         head.sort(key=lambda h: h.score, reverse=True)
         if tail:

@@ -156,7 +156,7 @@ def _keep_backups(data_dir: Path) -> list[Path]:
         while dst.exists():
             dst = data_dir / f"{name}{BACKUP_SUFFIX}.{n}"
             n += 1
-        for side_src, side_dst in zip(_sidecars(src), _sidecars(dst)):
+        for side_src, side_dst in zip(_sidecars(src), _sidecars(dst), strict=True):
             if side_src.exists():
                 os.replace(side_src, side_dst)
         os.replace(src, dst)
@@ -202,10 +202,10 @@ def _read_vector_meta(path: Path) -> tuple[str, int] | None:
     conn = sqlite3.connect(path, timeout=30.0)
     try:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        model, dims = meta.get("model"), meta.get("dimensions")
-        if not model or not str(dims).isdigit() or int(dims) < 1:
+        model, dims = meta.get("model"), str(meta.get("dimensions"))
+        if not model or not dims.isdigit() or int(dims) < 1:
             return None
-        return model, int(dims)
+        return str(model), int(dims)
     except sqlite3.Error:
         return None
     finally:

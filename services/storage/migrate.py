@@ -24,7 +24,7 @@ from pathlib import Path
 
 from services.ports import SqlDatabase
 
-__all__ = ["MIGRATIONS_DIR", "CONTROL_DIR", "ORG_DIR", "LEGACY_DIR", "Migration", "discover", "applied", "apply_pending", "apply_all_fresh",
+__all__ = ["MIGRATIONS_DIR", "CONTROL_DIR", "ORG_DIR", "LEGACY_DIR", "Migration", "discover", "applied", "apply_pending",
            "pending", "apply_all_fresh"]
 
 

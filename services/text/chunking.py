@@ -142,7 +142,7 @@ def _pieces(
     budget: int,
 ) -> list[_Piece]:
     pieces: list[_Piece] = []
-    for para, ((a, b), tokens) in enumerate(zip(paragraphs, para_tokens)):
+    for para, ((a, b), tokens) in enumerate(zip(paragraphs, para_tokens, strict=True)):
         if tokens <= budget:
             pieces.append(_Piece(a, b, tokens, para))
             continue

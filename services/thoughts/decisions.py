@@ -144,7 +144,9 @@ class Plan:
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NEGATIONS = frozenset("not no never none nothing nobody cannot without don doesn didn isn aren wasn weren won wouldn shouldn can".split())
+_NEGATIONS = frozenset(
+    "not no never none nothing nobody cannot without don doesn didn isn aren wasn weren won wouldn shouldn can".split()
+)
 
 
 def salient(text: str) -> set[str]:
@@ -255,7 +257,7 @@ class Decisions:
         missing = [(p, text) for p, text in pending if p not in best]
         if missing:  # found by the lexical gate but not yet in the index: one small embedding call
             values = await self.embedder.embed([text for _, text in missing])
-            for (parent, _), v in zip(missing, values):
+            for (parent, _), v in zip(missing, values, strict=True):
                 best[parent] = max(best.get(parent, -1.0), float(np.dot(vector, v)))
         if self.recent is not None:
             for parent, score in self.recent.similar(self.sql.org_id, vector):

@@ -8,6 +8,7 @@ import math
 import re
 import threading
 from collections import deque
+from itertools import pairwise
 from typing import Any, Callable
 
 import numpy as np
@@ -64,7 +65,7 @@ def embed(text: str, dims: int = 768, pooling: str = "mean") -> list[float]:
     unrelated (as the docs warn)."""
     toks = [_stem(t) for t in words(text)]
     feats: list[tuple[str, float]] = [(t, 0.2 if t in _STOPWORDS else 1.0) for t in toks]
-    feats += [(f"{a} {b}", 0.5) for a, b in zip(toks, toks[1:])]
+    feats += [(f"{a} {b}", 0.5) for a, b in pairwise(toks)]
     if not feats:
         feats = [(f"#raw:{text}", 1.0)]
     vec = np.zeros(dims, dtype=np.float64)
@@ -93,8 +94,8 @@ def rerank_score(query: str, context: str) -> float:
     if not qs:
         return 1 / (1 + math.exp(5))
     overlap = len(qs & cs) / len(qs)
-    qb = set(zip(q, q[1:]))
-    bonus = (len(qb & set(zip(c, c[1:]))) / len(qb)) if qb else 0.0
+    qb = set(pairwise(q))
+    bonus = (len(qb & set(pairwise(c))) / len(qb)) if qb else 0.0
     x = 10.0 * overlap + 2.0 * bonus - 5.0
     return 1 / (1 + math.exp(-x))
 
@@ -287,7 +288,7 @@ class WorkersAI:
                 try:
                     entry = json.loads(entry)
                 except ValueError:
-                    raise CFError(400, AI_JSON_MODE_FAILED, "JSON Mode couldn't be met")
+                    raise CFError(400, AI_JSON_MODE_FAILED, "JSON Mode couldn't be met") from None
             text = json.dumps(entry, separators=(",", ":"))
             if estimate_tokens(text) > max_tokens:
                 # the real model would stop at max_tokens, leaving invalid JSON

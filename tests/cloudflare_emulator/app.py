@@ -53,7 +53,7 @@ async def _json_body(request: Request) -> Any:
     try:
         return json.loads(raw)
     except ValueError:
-        raise CFError(400, MALFORMED_JSON, "Malformed JSON in request body")
+        raise CFError(400, MALFORMED_JSON, "Malformed JSON in request body") from None
 
 
 Handler = Callable[["_Ctx"], Awaitable[Any]]
@@ -98,7 +98,7 @@ async def _d1_run(c: _Ctx, raw: bool) -> Any:
     try:
         return db.execute(items, raw)
     except d1mod.D1Error as e:
-        raise d1mod.error(str(e))
+        raise d1mod.error(str(e)) from e
 
 
 async def d1_query(c: _Ctx) -> Any:
@@ -138,7 +138,7 @@ async def _vec_payload(request: Request) -> bytes:
         try:
             form = await request.form(max_part_size=110 * 1024 * 1024)
         except Exception as e:  # malformed multipart
-            raise CFError(400, 40001, f"could not parse multipart body: {e}")
+            raise CFError(400, 40001, f"could not parse multipart body: {e}") from e
         field = form.get("vectors")
         if field is None:
             raise CFError(400, 40001, "multipart body needs a 'vectors' field")

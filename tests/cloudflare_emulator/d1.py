@@ -317,7 +317,7 @@ class D1Database:
         if raw:
             res: Any = {"columns": columns, "rows": rows}
         else:
-            res = [dict(zip(columns, r)) for r in rows]
+            res = [dict(zip(columns, r, strict=True)) for r in rows]
         return {"success": True, "results": res, "meta": meta}
 
 
@@ -505,7 +505,7 @@ def _int_arg(what: str, raw: Any, default: int, lo: int, hi: int | None) -> int:
     try:
         n = int(str(raw))
     except ValueError:
-        raise CFError(400, D1_BAD_REQUEST, f"{what} must be an integer")
+        raise CFError(400, D1_BAD_REQUEST, f"{what} must be an integer") from None
     if n < lo or (hi is not None and n > hi):
         raise CFError(400, D1_BAD_REQUEST, f"{what} must be between {lo} and {hi}" if hi else f"{what} must be >= {lo}")
     return n

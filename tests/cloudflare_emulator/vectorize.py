@@ -468,7 +468,7 @@ class VectorizeStore:
         try:
             text = payload.decode("utf-8")
         except UnicodeDecodeError:
-            raise bad("body is not valid UTF-8")
+            raise bad("body is not valid UTF-8") from None
         out: dict[str, dict] = {}
         n = 0
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -481,7 +481,7 @@ class VectorizeStore:
             except ValueError:
                 if unparsable == "discard":
                     continue
-                raise bad(f"vectorize.invalid_ndjson: line {lineno} is not a JSON object")
+                raise bad(f"vectorize.invalid_ndjson: line {lineno} is not a JSON object") from None
             n += 1
             if n > MAX_VECTORS_PER_WRITE:
                 raise bad(f"vectorize.too_many_vectors: at most {MAX_VECTORS_PER_WRITE} vectors per request")
@@ -584,7 +584,7 @@ class VectorizeStore:
         try:
             n = 100 if count in (None, "") else int(count)
         except ValueError:
-            raise bad("count must be an integer")
+            raise bad("count must be an integer") from None
         if not 1 <= n <= 1000:
             raise bad("count must be between 1 and 1000")
         with self.lock:

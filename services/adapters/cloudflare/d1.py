@@ -173,7 +173,7 @@ class D1Database:
         res = item.get("results")
         if isinstance(res, dict):  # /raw
             cols = res.get("columns") or []
-            rows = [dict(zip(cols, r)) for r in (res.get("rows") or [])]
+            rows = [dict(zip(cols, r, strict=True)) for r in (res.get("rows") or [])]
         elif isinstance(res, list):  # /query
             rows = [dict(r) for r in res if isinstance(r, dict)]
         else:

@@ -121,7 +121,7 @@ def _ndjson_lines(vectors: Sequence[Vector], rows: np.ndarray) -> list[bytes]:
     formatting floats and ~40% smaller than Python's float repr."""
     scaled = np.rint(rows.astype(np.float64) * 1e9).astype(np.int64)
     lines: list[bytes] = []
-    for v, ints in zip(vectors, scaled):
+    for v, ints in zip(vectors, scaled, strict=True):
         try:
             meta_json = json.dumps(dict(v.metadata or {}), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:

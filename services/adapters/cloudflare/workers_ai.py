@@ -242,10 +242,10 @@ class WorkersAIChat:
             if isinstance(response, str):
                 try:
                     response = json.loads(response)
-                except ValueError:
+                except ValueError as exc:
                     if attempt <= self.json_retries:
                         continue
-                    raise BackendError("Workers AI chat did not return JSON", details={"response": response[:200]})
+                    raise BackendError("Workers AI chat did not return JSON", details={"response": response[:200]}) from exc
             if response is None:
                 raise BackendError("Workers AI chat returned no response")
             if with_usage:
