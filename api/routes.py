@@ -36,7 +36,8 @@ async def org_services(request: Request) -> OrgServices:
 
 
 def capture_responses():
-    return {200: ResponseSpec(data_container=CaptureResult, description="Already captured: the existing thought (updated_at bumped)"),
+    return {200: ResponseSpec(data_container=CaptureResult,
+                              description="Already captured: the existing thought (updated_at bumped)"),
             **error_responses(413, *AUTH_ERRORS)}
 
 
@@ -65,7 +66,8 @@ async def signup(data: SignupIn, request: Request, state: State) -> SignupOut:
     r = issued.record
     return SignupOut(
         organization=OrganizationOut(org.id, org.slug, org.name, org.created_at),
-        api_key=IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at, key=issued.raw),
+        api_key=IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at,
+                             key=issued.raw),
         mcp_url=mcp_url(request, org.slug),
     )
 
@@ -109,7 +111,8 @@ class KeyController(Controller):
         expires_at = now_ms() + data.expires_in_seconds * 1000 if data.expires_in_seconds else None
         issued = await org.keys.create(name=data.name, scopes=list(data.scopes), expires_at=expires_at)
         r = issued.record
-        return IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at, key=issued.raw)
+        return IssuedKeyOut(r.id, r.name, r.prefix, r.scopes, r.created_at, r.expires_at, r.revoked_at, r.last_used_at,
+                            key=issued.raw)
 
     @get("/", operation_id="listKeys", responses=error_responses(*AUTH_ERRORS), summary="List API keys (never a secret)")
     async def list_keys(self, org: OrgServices) -> KeyList:
@@ -149,7 +152,8 @@ class AccessController(Controller):
 
     @get("/service-tokens", operation_id="listServiceTokens", responses=error_responses(*AUTH_ERRORS))
     async def list_tokens(self, org: OrgServices) -> ServiceTokenList:
-        return ServiceTokenList([ServiceTokenOut(t.common_name, t.name, t.scopes, t.created_at) for t in await org.bindings.service_tokens()])
+        tokens = await org.bindings.service_tokens()
+        return ServiceTokenList([ServiceTokenOut(t.common_name, t.name, t.scopes, t.created_at) for t in tokens])
 
     @delete("/service-tokens/{common_name:str}", operation_id="unbindServiceToken", responses=error_responses(404, *AUTH_ERRORS))
     async def remove_token(self, common_name: Annotated[str, Parameter(max_length=200)], org: OrgServices) -> None:
@@ -190,7 +194,8 @@ class ThoughtController(Controller):
 
     @get("/", operation_id="listThoughts", guards=[READ], responses=error_responses(*AUTH_ERRORS),
          summary="Recent thoughts, newest first")
-    async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None, before_id: BeforeId = None) -> ThoughtPage:
+    async def list_recent(self, org: OrgServices, limit: Limit = 20, before: Before = None,
+                          before_id: BeforeId = None) -> ThoughtPage:
         return await org.thoughts.list_recent(limit=limit, before=before, before_id=before_id)
 
     @get("/{thought_id:str}", operation_id="getThought", guards=[READ], responses=error_responses(404, *AUTH_ERRORS),
@@ -232,11 +237,13 @@ class LegacyController(Controller):
     async def search(self, data: SearchIn, org: OrgServices) -> SearchOut:
         return await _search(data, org)
 
-    @get("/thought/{thought_id:str}", operation_id="legacyGetThought", guards=[READ], responses=error_responses(404, *AUTH_ERRORS))
+    @get("/thought/{thought_id:str}", operation_id="legacyGetThought", guards=[READ],
+         responses=error_responses(404, *AUTH_ERRORS))
     async def get_one(self, thought_id: ThoughtId, org: OrgServices) -> ThoughtDetail:
         return await org.thoughts.get(thought_id)
 
-    @delete("/thought/{thought_id:str}", operation_id="legacyDeleteThought", guards=[WRITE], responses=error_responses(404, *AUTH_ERRORS))
+    @delete("/thought/{thought_id:str}", operation_id="legacyDeleteThought", guards=[WRITE],
+            responses=error_responses(404, *AUTH_ERRORS))
     async def delete_one(self, thought_id: ThoughtId, org: OrgServices) -> None:
         await org.thoughts.delete(thought_id)
 

@@ -50,7 +50,7 @@ async def test_many_organizations_keep_open_files_bounded_and_every_one_readable
     # plus the control database
     assert 0 < files <= 8 * 8 + 24, files
     # every handle a caller kept still works: an evicted one opens again, its data intact
-    for i, (org, store) in enumerate(zip(orgs, handles)):
+    for i, (org, store) in enumerate(zip(orgs, handles, strict=True)):
         row = await store.sql.one("SELECT content FROM documents WHERE organization_id = ?1 AND id = ?2", [f"d{i}"])
         assert row == {"content": f"note of {org}"}
         got = await store.vectors.get_by_ids([f"c{i}"])

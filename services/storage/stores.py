@@ -267,7 +267,7 @@ class EmbeddedOrgStores(_BaseStores):
         store = self._forget(org_id)
         if store is not None:
             for handle in (store.db, store.index):
-                await handle.close()  # type: ignore[attr-defined]
+                await handle.close()
         await self.routing.delete(org_id)
         await asyncio.to_thread(shutil.rmtree, self.directory(org_id), True)
 
@@ -278,5 +278,5 @@ class EmbeddedOrgStores(_BaseStores):
     async def close(self) -> None:
         for store in list(self._stores.values()):
             for handle in (store.db, store.index):
-                await handle.close()  # type: ignore[attr-defined]
+                await handle.close()
         self._stores.clear()
