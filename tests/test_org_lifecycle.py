@@ -9,16 +9,14 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from api.limits import MAX_BODY_BYTES
 from services.conversations.messages import chunk_windows
-from tests.conftest import Live, Org, assert_error, provision_emulator, signup, start_live
+from tests.conftest import Live, Org, assert_error, signup, start_live
 from tests.decision_doubles import ScriptedLLM
 
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -35,29 +33,10 @@ NOTES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["embedded", "cloudflare"])
-def olive(request):
-    """The service with the hash embedder (plumbing without the model's cost), once per backend."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if request.param == "embedded":
-            server, ctx = start_live(Path(tmp), embedder="hash")
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
-            return
-        from services.adapters.hash_embedder import HashEmbedder
-        from tests.cloudflare_emulator import running_emulator
-
-        emb = HashEmbedder()
-        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
-            server, ctx = start_live(Path(tmp) / "service", embedder="hash",
-                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
-            server.backend, server.emulator = "cloudflare", emu
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
+@pytest.fixture
+def olive(hlive):
+    """The service with the hash embedder, once per backend (conftest's hlive)."""
+    return hlive
 
 
 @pytest.fixture
