@@ -52,20 +52,30 @@ MODEL, DIMS = "@cf/baai/bge-base-en-v1.5:mean", 768  # the id the service record
 # -- processes --------------------------------------------------------------------------------------------
 
 @contextmanager
-def emulator(tmp: Path, vector_lag_ms: int):
+def emulator_process(tmp: Path, *, vector_lag_ms: int = 0, rate_limit: int = 1_000_000):
+    """The REST emulator in a subprocess (the rate limit raised: benches count requests, they are not paced);
+    yields (root URL, pid, its data dir)."""
     port = free_port()
+    data = tmp / "emulator"
     logpath = tmp / "emulator.log"
     with open(logpath, "w") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.cloudflare_emulator", "--port", str(port), "--data-dir", str(tmp / "emulator"),
-             "--account", ACCOUNT, "--token", TOKEN, "--rate-limit", "1000000", "--vector-lag-ms", str(vector_lag_ms)],
+            [sys.executable, "-m", "tests.cloudflare_emulator", "--port", str(port), "--data-dir", str(data),
+             "--account", ACCOUNT, "--token", TOKEN, "--rate-limit", str(rate_limit),
+             "--vector-lag-ms", str(vector_lag_ms)],
             cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
         try:
             root = f"http://127.0.0.1:{port}"
             wait_healthy(f"{root}/__emulator/health", proc, logpath, timeout=120)
-            yield root
+            yield root, proc.pid, data
         finally:
             stop(proc)
+
+
+@contextmanager
+def emulator(tmp: Path, vector_lag_ms: int):
+    with emulator_process(tmp, vector_lag_ms=vector_lag_ms) as (root, _, _):
+        yield root
 
 
 def provision(root: str) -> None:

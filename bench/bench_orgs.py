@@ -68,18 +68,15 @@ from bench_foundation import (
     NoteGenerator,
     bench_data_dir,
     code_revision,
-    free_port,
     log,
     pct,
     queries,
     serve_subprocess,
-    stop,
-    wait_healthy,
 )
 
-ACCOUNT, TOKEN = "bench-account", "bench-token"
-CONTROL_DB, INDEX = "memex-bench-control", "memex-bench-index"
-MODEL, DIMS = "@cf/baai/bge-base-en-v1.5:mean", 768
+from bench_cloudflare import ACCOUNT, INDEX, TOKEN, emulator_process, provision
+
+CONTROL_DB = "memex-bench-control"
 
 
 # -- the server's process --------------------------------------------------------------------------------
@@ -258,40 +255,6 @@ def not_indexed(base: str, orgs: list[dict]) -> int:
 
 # -- Cloudflare: the emulator ------------------------------------------------------------------------------
 
-@contextmanager
-def emulator(tmp: Path):
-    """The REST emulator in a subprocess (rate limit lifted: the bench counts requests, it is not paced);
-    yields (root URL, pid, its data dir)."""
-    port = free_port()
-    data = tmp / "emulator"
-    logpath = tmp / "emulator.log"
-    with open(logpath, "w") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.cloudflare_emulator", "--port", str(port), "--data-dir", str(data),
-             "--account", ACCOUNT, "--token", TOKEN, "--rate-limit", "100000000"],
-            cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
-        try:
-            root = f"http://127.0.0.1:{port}"
-            wait_healthy(f"{root}/__emulator/health", proc, logpath, timeout=120)
-            yield root, proc.pid, data
-        finally:
-            stop(proc)
-
-
-def provision_index(root: str) -> None:
-    """The shared Vectorize index and its metadata indexes, before any vector is written (README's steps)."""
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    base = f"{root}/client/v4/accounts/{ACCOUNT}/vectorize/v2/indexes"
-    with httpx.Client(headers=headers, timeout=30) as c:
-        r = c.post(base, json={"name": INDEX, "description": f"memex:model={MODEL} dims={DIMS}",
-                               "config": {"dimensions": DIMS, "metric": "cosine"}})
-        assert r.status_code in (200, 201), r.text
-        for prop in ("organization_id", "kind", "parent_id"):
-            r = c.post(f"{base}/{INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": "string"})
-            assert r.status_code in (200, 201), r.text
-        c.post(f"{root}/__emulator/vectorize/flush")
-
-
 def d1_databases(root: str) -> int:
     r = httpx.get(f"{root}/client/v4/accounts/{ACCOUNT}/d1/database", params={"per_page": 10},
                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
@@ -398,8 +361,8 @@ def run_backend(args, backend: str, tree: Path | None, rev_label: str) -> dict:
         env: dict = {}
         why: dict = {}
         if backend == "cloudflare":
-            emu_root, emu_pid, emu_data = stack.enter_context(emulator(tmp))
-            provision_index(emu_root)
+            emu_root, emu_pid, emu_data = stack.enter_context(emulator_process(tmp, rate_limit=100_000_000))
+            provision(emu_root)
             env = {"MEMEX_SQL": "d1", "MEMEX_VECTORS": "vectorize", "MEMEX_EMBEDDER": "workers-ai",
                    "CLOUDFLARE_ACCOUNT_ID": ACCOUNT, "CLOUDFLARE_API_TOKEN": TOKEN,
                    "CLOUDFLARE_D1_DATABASE_ID": CONTROL_DB, "CLOUDFLARE_VECTORIZE_INDEX": INDEX,
