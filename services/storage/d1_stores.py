@@ -106,9 +106,6 @@ class D1OrgStores(_BaseStores):
         await self.admin.delete_database(route["location"])
         await self.routing.delete(org_id)
 
-    def stats(self) -> dict[str, Any]:
-        return {"backend": self.backend, "known": len(self._stores), "indexes": sorted(self._indexes)}
-
     async def close(self) -> None:
         for idx in self._indexes.values():
             await idx.close()

@@ -33,7 +33,6 @@ class HandlePool:
     def __init__(self, max_open: int) -> None:
         self.max_open = max(2, max_open)
         self._open: OrderedDict[int, _Pooled[Any]] = OrderedDict()
-        self.opened = 0  # opens since start (re-opens of evicted handles included)
         self.evicted = 0
 
     @property
@@ -45,7 +44,6 @@ class HandlePool:
 
     async def added(self, handle: "_Pooled[Any]") -> None:
         self._open[id(handle)] = handle
-        self.opened += 1
         for key in list(self._open):
             if len(self._open) <= self.max_open:
                 break
@@ -58,9 +56,6 @@ class HandlePool:
 
     def forget(self, handle: "_Pooled[Any]") -> None:
         self._open.pop(id(handle), None)
-
-    def handles(self) -> list["_Pooled[Any]"]:
-        return list(self._open.values())
 
 
 class _Pooled(Generic[T]):
@@ -187,5 +182,3 @@ class PooledIndex(_Pooled[VectorIndex]):
     def free_bytes(self) -> int | None:
         return self._free_bytes()
 
-
-Opener = Callable[[], Awaitable[Any]]

@@ -22,6 +22,7 @@ its first request).
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 import logging
 import re
 import shutil
@@ -137,17 +138,11 @@ class OrgStores(Protocol):
 
     async def status(self) -> list[OrgDatabaseStatus]: ...
 
-    async def migrate_all(self, progress: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]: ...
-
-    def open_stores(self) -> list[OrgStore]: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
     async def close(self) -> None: ...
 
 
-class _BaseStores:
-    """What both backends share: the store cache, first-open migrations, status and migrate_all."""
+class _BaseStores(ABC):
+    """What both backends share: the store cache, first-open migrations and status."""
 
     backend = "?"
 
@@ -157,8 +152,9 @@ class _BaseStores:
         self._stores: dict[str, OrgStore] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
-    async def _make(self, org_id: str, route: dict[str, Any]) -> OrgStore:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    async def _make(self, org_id: str, route: dict[str, Any]) -> OrgStore:
+        """The store of a routed organization (its database and index handles, not yet migrated here)."""
 
     async def open(self, org_id: str) -> OrgStore:
         store = self._stores.get(org_id)
@@ -195,20 +191,6 @@ class _BaseStores:
             out.append(OrgDatabaseStatus(org_id, route["backend"], route["location"], sorted(done & set(names)),
                                          [n for n in names if n not in done]))
         return out
-
-    async def migrate_all(self, progress: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]:
-        """Upgrade every organization's database (resumable: each file commits with its record)."""
-        out: dict[str, list[str]] = {}
-        for org_id in await self.routing.org_ids():
-            store = await self.open(org_id)  # applies what is pending
-            out[org_id] = []
-            if progress is not None:
-                progress(org_id, out[org_id])
-            del store
-        return out
-
-    def open_stores(self) -> list[OrgStore]:
-        return list(self._stores.values())
 
     def _forget(self, org_id: str) -> OrgStore | None:
         self._opening.pop(org_id, None)
@@ -270,10 +252,6 @@ class EmbeddedOrgStores(_BaseStores):
                 await handle.close()
         await self.routing.delete(org_id)
         await asyncio.to_thread(shutil.rmtree, self.directory(org_id), True)
-
-    def stats(self) -> dict[str, Any]:
-        return {"backend": self.backend, "known": len(self._stores), "open_handles": self.pool.open_count,
-                "max_open_handles": self.pool.max_open, "opened": self.pool.opened, "evicted": self.pool.evicted}
 
     async def close(self) -> None:
         for store in list(self._stores.values()):
