@@ -7,9 +7,10 @@ kind: it runs the handler registered for the job's kind (``handlers``; the compo
 embedding job of ``services.search.indexing`` and the enrichment job of ``services.enrichment``). A job whose
 kind has no handler fails (and is retried, like any failure).
 
-A full disk (``InsufficientStorage``) is not a job failure: the worker puts the batch's jobs back (their
-attempt not counted), pauses, and probes again every few seconds (or at once when woken by a capture); when
-a write goes through again it checkpoints the databases' write-ahead logs and drains every pending job.
+A full disk or a database at its size limit (``InsufficientStorage``) is not a job failure: the worker puts
+that organization's claimed jobs back (their attempt not counted), pauses that organization only, and probes
+it again every few seconds (or at once when woken by a capture); when a write goes through again it
+checkpoints the write-ahead logs and drains its pending jobs. The other organizations' jobs go on.
 """
 
 from __future__ import annotations
@@ -131,12 +132,16 @@ class JobWorker:
         for org_id in await self.stores.org_ids():
             try:
                 sql = (await self.stores.open(org_id)).sql
-                due = await _next_due(sql)
-                if due is not None:
+                # one query per organization (on D1 an API request): its next job, and unconfirmed vectors
+                row = await sql.one(
+                    "SELECT (SELECT MIN(MAX(run_after, COALESCE(locked_until, 0))) FROM jobs "
+                    "WHERE organization_id = ?1 AND state = 'pending') AS due, EXISTS (SELECT 1 FROM chunks "
+                    "WHERE organization_id = ?1 AND vector_mutation IS NOT NULL) AS unconfirmed")
+                if row is not None and row["due"] is not None:
+                    due = int(row["due"])
                     self._due[org_id] = min(due, self._due.get(org_id, due))
                     found += 1
-                if self._async_index and await sql.one(
-                        "SELECT 1 AS x FROM chunks WHERE organization_id = ?1 AND vector_mutation IS NOT NULL LIMIT 1"):
+                if self._async_index and row is not None and row["unconfirmed"]:
                     self._unconfirmed.add(org_id)
             except Exception:
                 log.warning("scanning %s for jobs failed", org_id, exc_info=True)
@@ -409,11 +414,3 @@ class JobWorker:
             total += row["n"] if row else 0
         return total
 
-
-async def _next_due(sql: OrgSql) -> int | None:
-    """When the organization's next pending job can run (its retry time, or its lease's end), or None."""
-    row = await sql.one(
-        "SELECT MIN(MAX(run_after, COALESCE(locked_until, 0))) AS t FROM jobs "
-        "WHERE organization_id = ?1 AND state = 'pending'"
-    )
-    return None if row is None or row["t"] is None else int(row["t"])
