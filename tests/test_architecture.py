@@ -12,7 +12,7 @@ cycle) and under ``if TYPE_CHECKING:`` (a type is a dependency too; a Protocol b
       storage         services.storage: the kernel
       text            services.text: the kernel
       jobs            services.jobs: storage and the kernel
-      domains         search < enrichment < thoughts < conversations < bundle: the kernel, storage, text, jobs
+      domains         search < enrichment < thoughts < conversations < knowledge < bundle: the kernel, storage, text, jobs
                       and the domains before them (never one after them: bundle may import thoughts, thoughts
                       never the bundle)
       adapters        services.adapters: the kernel and their own package (a module of
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOPS = ("api", "tenancy", "services")
 
 KERNEL = {"services", "services.errors", "services.ids", "services.models", "services.ports"}
-DOMAINS = ("search", "enrichment", "thoughts", "conversations", "bundle")
+DOMAINS = ("search", "enrichment", "thoughts", "conversations", "knowledge", "bundle")
 COMPOSITION = "api.composition"
 
 
