@@ -19,11 +19,15 @@ from api.enrichment import enrichment_handlers
 from api.docs import docs_handlers, swagger_assets
 from api.errors import exception_handlers
 from api.history import history_handlers  # also registers the history MCP tools
+from api.knowledge import knowledge_handlers
+from api.knowledge_public import knowledge_public_handlers
+from api import knowledge_tools  # noqa: F401  (registers the knowledge MCP tools on the organization's MCP URL)
+from api.webhooks import webhook_handlers
 from api.mcp import mcp_handlers
 from api.org_lifecycle import org_lifecycle_handlers
 from api.routes import route_handlers
 from api.limits import MAX_BODY_BYTES, guard
-from api.schema_fixes import constrain_optional_parameters
+from api.schema_fixes import constrain_optional_parameters, drop_head_operations
 from api.strict import strict_body
 from api.settings import Settings
 from api.wiring import Memex
@@ -69,6 +73,8 @@ def openapi_config() -> OpenAPIConfig:
             Tag(name="thoughts", description="Captured notes"),
             Tag(name="search", description="Hybrid search"),
             Tag(name="conversations", description="Verbatim multi-turn conversations"),
+            Tag(name="knowledge", description="Knowledge bases: git-synced markdown vaults (admin scope to change)"),
+            Tag(name="knowledge (public)", description="A knowledge base's published read-only API, by access tier"),
             Tag(name="admin", description="Organization maintenance (admin scope)"),
             Tag(name="second-brain compatibility", description="The seed's original routes"),
             Tag(name="operations", description="Health"),
@@ -96,7 +102,7 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
 
     app = Litestar(
         route_handlers=[*route_handlers, *history_handlers, *conversation_handlers, *enrichment_handlers, *org_lifecycle_handlers,
-                       *mcp_handlers, *docs_handlers()],
+                       *knowledge_handlers, *knowledge_public_handlers, *webhook_handlers, *mcp_handlers, *docs_handlers()],
         lifespan=[lifespan],
         middleware=[DefineMiddleware(AuthMiddleware, exclude=PUBLIC_PATHS)],
         exception_handlers=exception_handlers,
@@ -105,8 +111,8 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
         cors_config=CORSConfig(
             allow_origins=["*"],
             allow_headers=["authorization", "content-type", "accept", "mcp-protocol-version", "mcp-session-id",
-                           "cf-access-jwt-assertion", "memex-organization", "idempotency-key"],
-            expose_headers=["Mcp-Session-Id", "Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
+                           "cf-access-jwt-assertion", "memex-organization", "idempotency-key", "if-none-match"],
+            expose_headers=["Mcp-Session-Id", "ETag", "Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
                             "RateLimit-Policy"],
         ),
         request_max_body_size=MAX_BODY_BYTES,
@@ -114,6 +120,7 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
     )
     _close_request_objects(app)
     constrain_optional_parameters(app)
+    drop_head_operations(app)
     _guard_limits(app)
     return app
 

@@ -21,7 +21,7 @@ from tenancy.models import AuthContext
 
 __all__ = ["AuthMiddleware", "require", "PUBLIC_PATHS", "client_address"]
 
-PUBLIC_PATHS = ["^/health$", "^/v1/signup$", "^/schema"]
+PUBLIC_PATHS = ["^/health$", "^/v1/signup$", "^/schema", "^/kb/", "^/hooks/"]
 _ORG_PATH = re.compile(r"^/orgs/([^/]+)/")
 _QUOTA = "memex.quota"  # where the admitted request's rate-limit verdict waits for the response
 

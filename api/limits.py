@@ -7,8 +7,9 @@
 - a body longer than ``MAX_BODY_BYTES`` is 413: at once when Content-Length says so, else as soon as the
   streamed body passes the limit (the app then sees a disconnect and its own reply is dropped). This covers
   every route, the MCP endpoint included, whose SDK transport would read any body whole;
-  ``POST /v1/org/import`` alone may send up to ``MAX_IMPORT_BYTES`` (an organization's bundle, which that
-  route reads as it streams, line by line: ``LARGE_BODIES``);
+  ``POST /v1/org/import`` may send up to ``MAX_IMPORT_BYTES`` (an organization's bundle, which that
+  route reads as it streams, line by line: ``LARGE_BODIES``), a knowledge base's archive import up to
+  ``MAX_ARCHIVE_BYTES``;
 - an OPTIONS reply's ``Allow`` lists exactly the methods of the route (Litestar's automatic OPTIONS handler
   can name the methods of a sibling handler group only).
 """
@@ -16,12 +17,14 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["guard", "error_bytes", "body_limit", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES",
+__all__ = ["guard", "error_bytes", "body_limit", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_ARCHIVE_BYTES",
+           "MAX_URL_BYTES", "MAX_HEADER_BYTES",
            "MAX_JSON_DEPTH"]
 
 log = logging.getLogger("memex.api")
@@ -30,8 +33,11 @@ log = logging.getLogger("memex.api")
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Largest organization bundle (POST /v1/org/import reads it as it streams, never whole: api.org_lifecycle).
 MAX_IMPORT_BYTES = 1024 * 1024 * 1024
-#: Routes whose body may be larger than MAX_BODY_BYTES: (method, path) -> their limit.
+#: Largest knowledge base archive (POST /v1/knowledge-bases/{kb}/import; services.knowledge.archive).
+MAX_ARCHIVE_BYTES = 64 * 1024 * 1024
+#: Routes whose body may be larger than MAX_BODY_BYTES: (method, path) -> their limit; and path patterns.
 LARGE_BODIES = {("POST", "/v1/org/import"): MAX_IMPORT_BYTES}
+LARGE_BODY_PATTERNS = [("POST", re.compile(r"^/v1/knowledge-bases/[^/]+/import$"), MAX_ARCHIVE_BYTES)]
 #: Longest path + query string.
 MAX_URL_BYTES = 8 * 1024
 #: Largest total of request header names and values.
@@ -64,7 +70,12 @@ class _TooLarge(Exception):
 
 def body_limit(scope: Scope) -> int:
     """The largest body this request may send: MAX_BODY_BYTES, or a streamed route's own limit."""
-    return LARGE_BODIES.get((scope.get("method", ""), scope["path"]), MAX_BODY_BYTES)
+    method = scope.get("method", "")
+    found = LARGE_BODIES.get((method, scope["path"]))
+    if found is not None:
+        return found
+    return next((limit for m, pattern, limit in LARGE_BODY_PATTERNS if m == method and pattern.match(scope["path"])),
+                MAX_BODY_BYTES)
 
 
 def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGIApp:

@@ -34,7 +34,8 @@ from services.models import CaptureResult, SearchResult, ThoughtDetail, ThoughtP
 from services.search.search import SearchOptions
 from services.text.temporal import MAX_MS
 
-__all__ = ["mcp_handlers", "McpTool", "TOOLS", "register_tools"]
+__all__ = ["mcp_handlers", "McpTool", "TOOLS", "register_tools", "stateless_app", "stateless_refusal", "checked_body",
+           "tool_error", "validator"]
 
 log = logging.getLogger("memex.mcp")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -177,7 +178,7 @@ def _definition(tool: McpTool) -> t.Tool:
     return found
 
 
-def _validator(name: str, schema: dict[str, Any]) -> Draft202012Validator:
+def validator(name: str, schema: dict[str, Any]) -> Draft202012Validator:
     found = _VALIDATORS.get(name)
     if found is None:
         found = _VALIDATORS[name] = Draft202012Validator(schema)
@@ -198,19 +199,19 @@ def build_server(org: OrgServices) -> Server:
     async def call_tool(name: str, arguments: dict[str, Any]) -> t.CallToolResult:
         tool = visible.get(name)
         if tool is None:
-            return _tool_error("not_found", f"unknown tool {name!r}")
+            return tool_error("not_found", f"unknown tool {name!r}")
         arguments = arguments or {}
-        error = next(iter(_validator(tool.name, tool.input_schema).iter_errors(arguments)), None)
+        error = next(iter(validator(tool.name, tool.input_schema).iter_errors(arguments)), None)
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path)
-            return _tool_error("invalid_input", f"Input validation error: {error.message}", {"field": path} if path else {})
+            return tool_error("invalid_input", f"Input validation error: {error.message}", {"field": path} if path else {})
         try:
             data = await tool.run(org, arguments)
         except MemexError as exc:
-            return _tool_error(exc.code, exc.message, exc.details)
+            return tool_error(exc.code, exc.message, exc.details)
         except Exception:  # never the raw exception text in a tool result
             log.exception("MCP tool %s failed", tool.name)
-            return _tool_error("internal", "internal server error")
+            return tool_error("internal", "internal server error")
         return t.CallToolResult(
             content=[t.TextContent(type="text", text=msgspec.json.encode(data).decode())], structuredContent=data
         )
@@ -218,7 +219,7 @@ def build_server(org: OrgServices) -> Server:
     return server
 
 
-def _tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> t.CallToolResult:
+def tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> t.CallToolResult:
     body = {"error": {"code": code, "message": message, "details": details or {}}}
     # valid UTF-8 whatever the message quotes (a lone surrogate becomes U+FFFD)
     text = _SURROGATE.sub("\ufffd", json.dumps(body, ensure_ascii=False, default=str))
@@ -240,8 +241,22 @@ async def _endpoint(request: Request, slug: str | None) -> ASGIApp:
     if slug is not None and slug != ctx.org_slug:
         raise NotFound("organization not found")
     if request.method != "POST":
-        return error_response(405, "method_not_allowed", "this MCP endpoint is stateless: POST JSON-RPC messages",
-                              headers={"Allow": "POST"})
+        return stateless_refusal()
+    body = await checked_body(request)
+    if not isinstance(body, bytes):
+        return body
+    org = await memex.for_org(ctx)
+    return stateless_app(memex, body, lambda: build_server(org))
+
+
+def stateless_refusal() -> ASGIApp:
+    """GET and DELETE on a stateless MCP endpoint: 405 (no stream to open, no session to end)."""
+    return error_response(405, "method_not_allowed", "this MCP endpoint is stateless: POST JSON-RPC messages",
+                          headers={"Allow": "POST"})
+
+
+async def checked_body(request: Request) -> bytes | ASGIApp:
+    """The request's JSON-RPC body, or the 400 that answers a body the SDK must not see (too deep, not JSON)."""
     body = await request.body()  # bounded by api.limits (413)
     if json_too_deep(body):
         return error_response(400, "invalid_input", f"JSON nests deeper than {MAX_JSON_DEPTH} levels",
@@ -251,11 +266,15 @@ async def _endpoint(request: Request, slug: str | None) -> ASGIApp:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         return error_response(400, "invalid_input", "the body is not valid JSON (UTF-8, no lone surrogates)",
                               {"jsonrpc_code": -32700, "reason": str(exc)[:200]})
-    org = await memex.for_org(ctx)
+    return body
+
+
+def stateless_app(memex: Memex, body: bytes, build: Callable[[], Server]) -> ASGIApp:
+    """An ASGI app answering one JSON-RPC POST with a fresh server from ``build`` (stateless, JSON responses)."""
     security = _security(memex)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        manager = StreamableHTTPSessionManager(app=build_server(org), stateless=True, json_response=True,
+        manager = StreamableHTTPSessionManager(app=build(), stateless=True, json_response=True,
                                                security_settings=security)
         async with manager.run():
             await manager.handle_request(scope, _replay(body), _error_bodies(send))

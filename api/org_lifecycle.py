@@ -143,7 +143,7 @@ async def delete_org(request: Request, state: State, confirm: Confirm) -> None:
     if confirm != org.slug:
         raise InvalidInput("confirm must be the slug of the organization being deleted (the caller's own)",
                            details={"field": "confirm"})
-    await memex.orgs.delete(org.id)
+    await memex.delete_org(org.id)
 
 
 org_lifecycle_handlers = [export_org, import_org, delete_org]

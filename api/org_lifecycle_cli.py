@@ -121,7 +121,7 @@ def cmd_org_delete(args: argparse.Namespace) -> int:
         org = await memex.orgs.by_slug(args.org)
         print(f"deleting {org.slug} ({org.id}): database, vectors, keys, bindings ...", end="", file=sys.stderr,
               flush=True)
-        await memex.orgs.delete(org.id)
+        await memex.delete_org(org.id)
         print(" done", file=sys.stderr)
         return {"deleted": org.slug, "id": org.id}
 

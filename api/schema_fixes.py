@@ -5,7 +5,7 @@ from __future__ import annotations
 from litestar import Litestar
 from litestar.openapi.spec import Schema
 
-__all__ = ["constrain_optional_parameters"]
+__all__ = ["constrain_optional_parameters", "drop_head_operations"]
 
 _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusive_minimum", "lt": "exclusive_maximum",
            "min_length": "min_length", "max_length": "max_length", "pattern": "pattern"}
@@ -38,3 +38,11 @@ def constrain_optional_parameters(app: Litestar) -> None:
                             value = getattr(kd, src, None)
                             if value is not None and getattr(member, dst, None) is None:
                                 setattr(member, dst, value)
+
+
+def drop_head_operations(app: Litestar) -> None:
+    """HEAD answers as GET without a body (HTTP's rule, RFC 9110 §9.3.2): the document describes GET alone, so each
+    operation appears once and a client generator makes one method of it."""
+    for path_item in (app.openapi_schema.paths or {}).values():
+        if path_item.get is not None:
+            path_item.head = None

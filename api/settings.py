@@ -89,6 +89,7 @@ _RATES = {
     "signup_rate_per_hour": "MEMEX_SIGNUP_RATE_PER_HOUR",
     "auth_failures_per_minute": "MEMEX_AUTH_FAILURES_PER_MINUTE",
     "auth_address_failures_per_minute": "MEMEX_AUTH_ADDRESS_FAILURES_PER_MINUTE",
+    "kb_public_rate_per_minute": "MEMEX_KB_PUBLIC_RATE_PER_MINUTE",
 }
 
 
@@ -204,6 +205,16 @@ class Settings:
     rank_context_tags: list[str] = field(default_factory=list)
     #: Seconds a reranker's result is reused for the same query and candidates (in process).
     rerank_cache_seconds: float = 3600.0
+    #: Folders under which a knowledge base's git source may be a local path (a tenant may not name any path of the
+    #: server's: none by default; ``memex kb create`` from the shell, the operator, is not bound by it).
+    kb_local_roots: list[str] = field(default_factory=list)
+    #: Whether a knowledge base's git source may be plain http:// (https only by default).
+    kb_allow_http: bool = False
+    #: Where knowledge bases' git sources are mirrored (a cache, rebuilt from the source when lost); default
+    #: ``<data dir>/kb-cache``.
+    kb_cache_dir: Path | None = None
+    #: Requests per minute one client address may make without a credential to published knowledge bases.
+    kb_public_rate_per_minute: int = 600
 
     def __post_init__(self) -> None:
         for name, (env, allowed) in CHOICES.items():
@@ -268,6 +279,10 @@ class Settings:
         return self.data_dir / "vectors.sqlite3"
 
     @property
+    def kb_cache_root(self) -> Path:
+        return self.kb_cache_dir or self.data_dir / "kb-cache"
+
+    @property
     def access_enabled(self) -> bool:
         return bool(self.access_team_domain and self.access_audience)
 
@@ -327,5 +342,9 @@ class Settings:
             rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
             rerank_cache_seconds=_float("MEMEX_RERANK_CACHE_SECONDS", 3600.0),
             max_open_orgs=_int("MEMEX_MAX_OPEN_ORGS", 64),
+            kb_local_roots=_list("MEMEX_KB_LOCAL_ROOTS"),
+            kb_allow_http=(_env("MEMEX_KB_ALLOW_HTTP", "false") or "").strip().lower() in ("1", "true", "yes", "on"),
+            kb_cache_dir=Path(c) if (c := _env("MEMEX_KB_CACHE_DIR")) else None,
+            kb_public_rate_per_minute=_int("MEMEX_KB_PUBLIC_RATE_PER_MINUTE", 600),
         )
         return replace(base, **overrides)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ from services.enrichment.enrichment import ENRICH_JOB, Enricher, EnrichmentConfi
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ids import now_ms
 from services.jobs.worker import JobWorker
+from services.knowledge.bases import EMBED_KB_JOB, SYNC_JOB, SourcePolicy
+from services.knowledge.service import Knowledge, KnowledgeConfig, embed_job_handler, sync_job_handler
 from services.search.indexing import EMBED_JOB, reconcile_org
 from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
 from services.search.recent_vectors import RecentVectors, cached_embed_handler
@@ -65,6 +68,8 @@ class OrgServices:
     llm: BudgetedLLM | None = None
     #: Summary, tags and importance (the enrich job, the two-pass backfill).
     enrichment: Enricher | None = None
+    #: Knowledge bases (git-synced markdown vaults).
+    knowledge: Knowledge | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -105,9 +110,14 @@ class Memex:
         self.enrichment_config = EnrichmentConfig(vocabulary_size=settings.enrich_vocabulary_size)
         # Write-time decisions embed a capture's first chunk; the embed job takes that vector from here.
         self.recent_vectors = RecentVectors()
+        self.knowledge_config = KnowledgeConfig(
+            cache_root=settings.kb_cache_root,
+            policy=SourcePolicy(local_roots=tuple(settings.kb_local_roots), allow_http=settings.kb_allow_http))
         self.worker = JobWorker(self.stores, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
                                 handlers={EMBED_JOB: cached_embed_handler(self.recent_vectors),
-                                          ENRICH_JOB: enrich_job_handler(self.enricher)},
+                                          ENRICH_JOB: enrich_job_handler(self.enricher),
+                                          SYNC_JOB: sync_job_handler(self.knowledge_config, self.wake),
+                                          EMBED_KB_JOB: embed_job_handler(self.wake)},
                                 async_index=self.backend.async_index)
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes
@@ -177,6 +187,11 @@ class Memex:
         except Exception:  # the worker's own wake and the start-up scan still find the jobs
             log.warning("work hint for %s not written", org_id, exc_info=True)
 
+    async def delete_org(self, org_id: str) -> None:
+        """Delete an organization (tenancy.orgs) and what this deployment caches of it (its git mirrors)."""
+        await self.orgs.delete(org_id)
+        await asyncio.to_thread(shutil.rmtree, self.knowledge_config.cache_root / org_id, True)
+
     async def org_sql(self, org_id: str) -> OrgSql:
         """The organization's own database, bound to it."""
         return (await self.stores.open(org_id)).sql
@@ -215,4 +230,12 @@ class Memex:
                                         limits=self.conversation_limits, on_enqueue=wake),
             llm=self.budgeted_llm(sql),
             enrichment=self.enricher(sql, vectors),
+            knowledge=self.knowledge(ctx.org_id, sql, vectors),
         )
+
+    def knowledge(self, org_id: str, sql: OrgSql, vectors: OrgVectors, *, policy: SourcePolicy | None = None) -> Knowledge:
+        """The organization's knowledge bases (``policy``: the sources it may name; the deployment's by default)."""
+        config = self.knowledge_config if policy is None else KnowledgeConfig(self.knowledge_config.cache_root, policy)
+        return Knowledge(sql, vectors, self.backend.embedder, OrgSql(self.control, org_id), config,
+                         reranker=self.backend.reranker, rerank_cache=self.ranking.rerank_cache,
+                         on_enqueue=lambda: self.wake(org_id))

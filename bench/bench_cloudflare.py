@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_foundation import (  # noqa: E402
     NoteGenerator, free_port, log, ms, queries, serve_subprocess, signup, stop, wait_healthy,
 )
+from services.adapters.cloudflare.vectorize import INDEXED_PROPERTIES  # noqa: E402
 
 ACCOUNT, TOKEN = "bench-account", "bench-token"
 DB, INDEX = "memex-bench-db", "memex-bench-index"
@@ -86,8 +87,8 @@ def provision(root: str) -> None:
         r = c.post(base, json={"name": INDEX, "description": f"memex:model={MODEL} dims={DIMS}",
                                "config": {"dimensions": DIMS, "metric": "cosine"}})
         assert r.status_code in (200, 201), r.text
-        for prop in ("organization_id", "kind", "parent_id"):
-            r = c.post(f"{base}/{INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": "string"})
+        for prop, kind in INDEXED_PROPERTIES.items():
+            r = c.post(f"{base}/{INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": kind})
             assert r.status_code in (200, 201), r.text
         c.post(f"{root}/__emulator/vectorize/flush")
 

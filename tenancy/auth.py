@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from services.errors import InvalidInput, NotFound, RateLimited, Unauthenticated
@@ -116,6 +116,27 @@ class Authenticator:
                 await self.rate_limits.hit(self.address_failure_limit, creds.client)
                 raise
         return Admission(ctx, await self._count(ctx))
+
+    async def tier(self, creds: Credentials, org_slug: str) -> tuple[str, AuthContext | None]:
+        """How a request stands towards one organization's published knowledge (the knowledge-server seed's tiers):
+        ``open`` with no credential; ``members`` with a credential of this organization that may read; ``public``
+        with any other valid identity (another organization's key, an Access identity bound elsewhere or nowhere).
+        A credential that is not valid is refused (Unauthenticated, 401), never taken for no credential. The
+        context is the credential's when it has one (its requests are counted against its limits as usual)."""
+        if not creds.authorization and not (self.access is not None and creds.access_token):
+            return "open", None
+        if creds.authorization:
+            ctx = (await self.admit(replace(creds, org_hint=None, org_header=None))).ctx
+            return ("members" if ctx.org_slug == org_slug and ctx.allows("read") else "public"), ctx
+        assert self.access is not None and creds.access_token is not None
+        claims = await self.access.verify(creds.access_token)
+        try:
+            ctx = (await self._service(claims.common_name, org_slug) if claims.kind == "service"
+                   else await self._member(claims.email, org_slug))
+        except Unauthenticated:  # a valid identity, not bound to this organization
+            return "public", None
+        await self._count(ctx)
+        return ("members" if ctx.allows("read") else "public"), ctx
 
     async def _count(self, ctx: AuthContext) -> Verdict:
         mine = await self.rate_limits.hit(self.key_limit, f"{ctx.org_id}|{ctx.principal}")

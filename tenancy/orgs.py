@@ -87,9 +87,9 @@ class OrgDirectory:
         return org, issued
 
     async def delete(self, org_id: str) -> None:
-        """Remove the organization: its database and vectors first, then its keys, bindings, usage and
-        routing (the control rows go last, so a crash midway leaves an organization whose deletion can be
-        run again, never data without an owner). Its keys stop working at once: evicted from this process's key
+        """Remove the organization: its database and vectors first, then its keys, bindings, usage, routing and
+        knowledge bases' webhook routes (the control rows go last, so a crash midway leaves an organization whose
+        deletion can be run again, never data without an owner). Its keys stop working at once: evicted from this process's key
         cache here, and from every other process's through the revocation log the key deletions write."""
         key_ids = [r["id"] for r in (await self.db.execute(
             "SELECT id FROM api_keys WHERE organization_id = ?", (org_id,))).rows]
@@ -100,6 +100,7 @@ class OrgDirectory:
             Statement("DELETE FROM service_tokens WHERE organization_id = ?", (org_id,)),
             Statement("DELETE FROM llm_usage WHERE organization_id = ?", (org_id,)),
             Statement("DELETE FROM org_databases WHERE organization_id = ?", (org_id,)),
+            Statement("DELETE FROM knowledge_base_routes WHERE organization_id = ?", (org_id,)),
             Statement("DELETE FROM organizations WHERE id = ?", (org_id,)),
         ])
         for key_id in key_ids:

@@ -9,6 +9,7 @@ import re
 import sqlite3
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from api.app import create_app
 from api.settings import Settings
 from api.wiring import Memex
+from services.adapters.cloudflare.vectorize import INDEXED_PROPERTIES
 from tests.live import serve
 
 logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -147,8 +149,8 @@ def provision_emulator(emu, *, dimensions: int, model: str) -> dict:
         r = c.post(base, json={"name": EMU_INDEX, "description": f"memex:model={model} dims={dimensions}",
                                 "config": {"dimensions": dimensions, "metric": "cosine"}})
         assert r.status_code in (200, 201), r.text
-        for prop in ("organization_id", "kind", "parent_id"):
-            r = c.post(f"{base}/{EMU_INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": "string"})
+        for prop, kind in INDEXED_PROPERTIES.items():
+            r = c.post(f"{base}/{EMU_INDEX}/metadata_index/create", json={"propertyName": prop, "indexType": kind})
             assert r.status_code in (200, 201), r.text
     emu.flush_vectors()
     return dict(
@@ -181,26 +183,8 @@ def live(request):
     """The service on a loopback port, once per backend: the embedded default (SQLite, local vectors, the
     real MiniLM model), then D1 + Vectorize on the Cloudflare emulator (with the same local model, so the
     same semantic assertions hold; Workers AI embeddings are covered in test_cloudflare_adapters)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if request.param == "embedded":
-            server, ctx = start_live(Path(tmp))
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
-            return
-        from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
-        from tests.cloudflare_emulator import running_emulator
-
-        emb = OnnxMiniLMEmbedder()
-        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
-            server, ctx = start_live(Path(tmp) / "service",
-                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
-            server.backend, server.emulator = "cloudflare", emu
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
+    with tempfile.TemporaryDirectory() as tmp, backend_live(request.param, Path(tmp), embedder="local") as server:
+        yield server
 
 
 def signup(live: Live, prefix: str = "org") -> Org:
@@ -239,27 +223,40 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     return body["error"]
 
 
+@contextmanager
+def backend_live(backend: str, tmp: Path, *, embedder: str = "hash", **overrides):
+    """The service on a loopback port on ``backend``: "embedded" (SQLite + local vectors) or "cloudflare" (D1 +
+    Vectorize on the Cloudflare emulator), with ``embedder`` ("hash": plumbing without the model's cost) and any
+    other Settings ``overrides``."""
+    if backend == "embedded":
+        server, ctx = start_live(tmp, embedder=embedder, **overrides)
+        try:
+            yield server
+        finally:
+            ctx.__exit__(None, None, None)
+        return
+    from services.adapters.hash_embedder import HashEmbedder
+    from tests.cloudflare_emulator import running_emulator
+
+    if embedder == "hash":
+        emb = HashEmbedder()
+    else:
+        from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+
+        emb = OnnxMiniLMEmbedder()
+    with running_emulator(data_dir=tmp / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
+        server, ctx = start_live(tmp / "service", embedder=embedder,
+                                 **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id), **overrides)
+        server.backend, server.emulator = "cloudflare", emu
+        try:
+            yield server
+        finally:
+            ctx.__exit__(None, None, None)
+
+
 @pytest.fixture(scope="module", params=["embedded", "cloudflare"])
 def hlive(request):
     """The service with the hash embedder (plumbing without the model's cost), once per backend: SQLite +
     local vectors, then D1 + Vectorize on the Cloudflare emulator."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if request.param == "embedded":
-            server, ctx = start_live(Path(tmp), embedder="hash")
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
-            return
-        from services.adapters.hash_embedder import HashEmbedder
-        from tests.cloudflare_emulator import running_emulator
-
-        emb = HashEmbedder()
-        with running_emulator(data_dir=Path(tmp) / "emulator", vector_lag_ms=50, rate_limit=1_000_000) as emu:
-            server, ctx = start_live(Path(tmp) / "service", embedder="hash",
-                                     **provision_emulator(emu, dimensions=emb.dimensions, model=emb.model_id))
-            server.backend, server.emulator = "cloudflare", emu
-            try:
-                yield server
-            finally:
-                ctx.__exit__(None, None, None)
+    with tempfile.TemporaryDirectory() as tmp, backend_live(request.param, Path(tmp)) as server:
+        yield server

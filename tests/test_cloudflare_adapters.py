@@ -36,7 +36,7 @@ from services.adapters.cloudflare import (
     WorkersAIReranker,
 )
 from services.adapters.cloudflare.d1_sql import is_idempotent, split_statements
-from services.adapters.cloudflare.vectorize import model_description
+from services.adapters.cloudflare.vectorize import INDEXED_PROPERTIES, model_description
 from services.adapters.cloudflare.workers_ai import conservative_token_count
 from services.adapters.onnx_embedder import WordPieceCount
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput, PayloadTooLarge
@@ -700,8 +700,8 @@ async def test_ensure_metadata_indexes_creates_only_missing():
     state: dict = {"mi": {"kind": "string"}}
     idx, rec, _ = vec_index(state)
     report = await idx.ensure_metadata_indexes()
-    assert report["present"] == ["kind"] and sorted(report["created"]) == ["organization_id", "parent_id"]
-    assert state["mi"] == {"kind": "string", "organization_id": "string", "parent_id": "string"}
+    assert report["present"] == ["kind"] and sorted(report["created"]) == sorted(set(INDEXED_PROPERTIES) - {"kind"})
+    assert state["mi"] == INDEXED_PROPERTIES
     again = await idx.ensure_metadata_indexes()
     assert again["created"] == []
 
@@ -1056,7 +1056,7 @@ async def test_emulator_client_budget_prevents_the_block(cf):
 async def provision(backend):
     await backend.index.create_index()
     report = await backend.index.ensure_metadata_indexes()
-    assert sorted(report["created"]) == ["kind", "organization_id", "parent_id"]
+    assert sorted(report["created"]) == sorted(INDEXED_PROPERTIES)
 
 
 async def test_emulator_vector_roundtrip_with_lag(backend, cf):

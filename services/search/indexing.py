@@ -17,12 +17,30 @@ from services.jobs.worker import Job
 from services.ports import Embedder, Statement, VectorIndex
 from services.storage.scoped import OrgSql, OrgVectors
 
-__all__ = ["EMBED_JOB", "enqueue_embed", "embed_parent", "chunk_metadata", "drop_vanished", "reconcile_org"]
+__all__ = ["EMBED_JOB", "CHUNK_ROWS", "KNOWLEDGE_FIELDS", "enqueue_embed", "embed_parent", "embed_rows", "chunk_metadata",
+           "drop_vanished", "reconcile_org"]
 
 #: The job kind that embeds a parent's pending chunks.
 EMBED_JOB = "embed"
 #: Chunks embedded per model call (and per upsert).
 EMBED_BATCH = 64
+#: What every writer of a chunk's vector reads: the chunk, its thought's tags, and a knowledge entry's filterable
+#: fields (services.knowledge), so ``chunk_metadata`` gives the same vector metadata whoever embeds the chunk (the
+#: embedding jobs, a reconcile, ``memex reindex``). Continue it with ``WHERE``.
+CHUNK_ROWS = (
+    "SELECT c.pk, c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, d.tags AS tags, "
+    "e.kb_id AS kb, e.content_type AS content_type, e.group_name AS group_name, e.release AS release, "
+    "e.status AS status, e.tags AS entry_tags, e.date AS date "
+    "FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' AND d.organization_id = c.organization_id "
+    "AND d.id = c.parent_id "
+    "LEFT JOIN knowledge_entries e ON c.kind = 'knowledge' AND e.organization_id = c.organization_id "
+    "AND e.uid = c.parent_id "
+)
+#: A knowledge chunk's filterable vector metadata (the seed's indexed fields, §4.3, plus its knowledge base) ->
+#: the metadata index type each needs on Vectorize. ``tags`` rides along as the seed's comma-separated string but is
+#: not filtered on the index (a list is not a scalar an index can hold): services.knowledge.search applies it in SQL.
+KNOWLEDGE_FIELDS: dict[str, str] = {"kb": "string", "contentType": "string", "group": "string", "release": "string",
+                                    "status": "string", "date": "number"}
 
 
 def enqueue_embed(sql: OrgSql, parent_id: str, now: int, *, only_if_parent_in: str) -> Statement:
@@ -41,30 +59,37 @@ async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job
     """Embed every pending chunk of one parent (thought or conversation) and index it."""
     while True:
         rows = await sql.rows(  # with the parent thought's tags, for the vector metadata
-            "SELECT c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, d.tags AS tags "
-            "FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' AND d.organization_id = c.organization_id "
-            "AND d.id = c.parent_id "
-            "WHERE c.organization_id = ?1 AND c.parent_id = ?2 AND c.indexed_at IS NULL ORDER BY c.ordinal LIMIT ?3",
+            CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.parent_id = ?2 AND c.indexed_at IS NULL "
+            "ORDER BY c.ordinal LIMIT ?3",
             [job.target_id, EMBED_BATCH],
         )
         if not rows:
             return
-        values = await embedder.embed([r["content"] for r in rows])
-        mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
-        # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
-        pending = mutation if vectors.index.applies_writes_later else None
-        ids = [r["id"] for r in rows]
-        res = await sql.execute(
-            "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
-            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))",
-            [now_ms(), pending, json.dumps(ids)],
-        )
-        if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
-            await drop_vanished(sql, vectors, ids)
-        elif any(r["kind"] == "thought" and not r["tags"] for r in rows):
+        values = await embed_rows(sql, vectors, embedder, rows)
+        if any(r["kind"] == "thought" and not r["tags"] for r in rows) and values is not None:
             await _late_tags(sql, vectors, rows, values)
         if len(rows) < EMBED_BATCH:
             return
+
+
+async def embed_rows(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, rows: list[dict]):
+    """Embed ``rows`` (read with ``CHUNK_ROWS``) in one model call, upsert their vectors in one call and mark them
+    indexed in one statement; a chunk deleted meanwhile has its fresh vector dropped again. Returns the vectors, or
+    None when some chunks were gone."""
+    values = await embedder.embed([r["content"] for r in rows])
+    mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
+    # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
+    pending = mutation if vectors.index.applies_writes_later else None
+    ids = [r["id"] for r in rows]
+    res = await sql.execute(
+        "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
+        "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))",
+        [now_ms(), pending, json.dumps(ids)],
+    )
+    if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
+        await drop_vanished(sql, vectors, ids)
+        return None
+    return values
 
 
 async def _late_tags(sql: OrgSql, vectors: OrgVectors, rows: list[dict], values) -> None:
@@ -107,6 +132,15 @@ def chunk_metadata(row: dict) -> dict:
         md["end_sequence"] = row["end_sequence"]
     if row.get("tags"):  # the parent thought's tags (JSON text from the documents row), for filtering
         md["tags"] = json.loads(row["tags"]) if isinstance(row["tags"], str) else list(row["tags"])
+    if row["kind"] == "knowledge" and row.get("kb"):
+        md["kb"] = row["kb"]
+        md["contentType"] = row["content_type"]
+        for key, col in (("group", "group_name"), ("release", "release"), ("status", "status"), ("date", "date")):
+            if row.get(col) is not None:
+                md[key] = row[col]
+        tags = json.loads(row["entry_tags"]) if row.get("entry_tags") else []
+        if tags:
+            md["tags"] = ",".join(tags)
     return md
 
 

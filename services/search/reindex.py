@@ -21,7 +21,7 @@ from typing import Any
 
 from services.ids import now_ms
 from services.ports import Embedder, SqlDatabase, VectorIndex, wait_searchable
-from services.search.indexing import chunk_metadata
+from services.search.indexing import CHUNK_ROWS, chunk_metadata
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = ["ReindexResult", "reindex"]
@@ -122,10 +122,7 @@ async def reindex(
     mutation: str | None = None
     while True:
         rows = await sql.rows(
-            "SELECT c.pk, c.id, c.kind, c.parent_id, c.ordinal, c.content, c.start_sequence, c.end_sequence, "
-            "d.tags AS tags FROM chunks c LEFT JOIN documents d ON c.kind = 'thought' "
-            "AND d.organization_id = c.organization_id AND d.id = c.parent_id "
-            "WHERE c.organization_id = ?1 AND c.pk > ?2 ORDER BY c.pk LIMIT ?3",
+            CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.pk > ?2 ORDER BY c.pk LIMIT ?3",
             [last_pk, page_size],
         )
         if not rows:
