@@ -26,7 +26,8 @@ logging.getLogger("mcp").setLevel(logging.WARNING)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 _slugs = itertools.count(1)
-_CONTROL_TABLES = re.compile(r"\b(organizations|api_keys|memberships|service_tokens|key_revocations|llm_usage|org_databases)\b")
+_CONTROL_TABLES = re.compile(
+    r"\b(organizations|api_keys|memberships|service_tokens|key_revocations|llm_usage|org_databases|knowledge_base_routes)\b")
 
 
 @dataclass

@@ -31,6 +31,7 @@ import base64
 import hashlib
 import json
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ EMBED_ROUND = 4 * EMBED_BATCH
 UNRESOLVED_LIMIT = 1000
 #: Network timeout of a git fetch (seconds).
 GIT_TIMEOUT_SECONDS = 60.0
+#: Every row a sync writes is conditional on its sync still existing (a knowledge base deleted mid-sync takes its
+#: syncs with it, in one batch: the sync's later batches then write nothing), chunks and links on their entry.
+SYNC_ALIVE = "EXISTS (SELECT 1 FROM knowledge_syncs WHERE organization_id = ?1 AND id = ?{n})"
+ENTRY_ALIVE = "EXISTS (SELECT 1 FROM knowledge_entries WHERE organization_id = ?1 AND uid = ?3)"
 
 
 def cache_dir_for(root: Path, org_id: str, kb_id: str) -> Path:
@@ -205,6 +210,10 @@ class Syncer:
         finally:
             for git in self._opened:
                 git.close()
+            if self._opened and await self.sql.one(
+                    "SELECT 1 AS x FROM knowledge_bases WHERE organization_id = ?1 AND id = ?2", [kb["id"]]) is None:
+                # deleted while this sync ran: the mirror it fetched goes too
+                await asyncio.to_thread(shutil.rmtree, cache_dir_for(self.cache_root, self.sql.org_id, kb["id"]), True)
             self._opened.clear()
 
     async def _note(self, sync_id: str, error: str) -> None:
@@ -369,9 +378,10 @@ class Syncer:
                 stmts.append(_outcome(self.sql, sync_id, p.path, p.outcome, p.reason))
             stmts.append(self.sql.stmt(
                 "INSERT INTO knowledge_files (organization_id, kb_id, path, blob, outcome, reason) "
-                "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
+                f"SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE {SYNC_ALIVE.format(n=7)} "
                 "ON CONFLICT (organization_id, kb_id, path) DO UPDATE SET blob = excluded.blob, outcome = excluded.outcome, "
-                "reason = excluded.reason", kb_id, p.path, p.blob, "entry" if p.outcome == "entry" else p.outcome, p.reason))
+                "reason = excluded.reason", kb_id, p.path, p.blob, "entry" if p.outcome == "entry" else p.outcome, p.reason,
+                sync_id))
         if embed:
             stmts.append(enqueue_kb_embed(self.sql, kb_id, now_ms()))
         await self.sql.batch(stmts)
@@ -389,8 +399,9 @@ class Syncer:
         out = [self.sql.stmt(
             "INSERT INTO knowledge_entries (organization_id, kb_id, uid, id, path, content_type, title, description, "
             "group_name, release, status, tags, date, metadata, body, raw, content_hash, index_hash, issues, synced_at, "
-            "commit_sha) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) "
-            "ON CONFLICT (organization_id, uid) DO UPDATE SET id = excluded.id, content_type = excluded.content_type, "
+            "commit_sha) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21 "
+            f"WHERE {SYNC_ALIVE.format(n=22)} ON CONFLICT (organization_id, uid) DO UPDATE SET id = excluded.id, "
+            "content_type = excluded.content_type, "
             "title = excluded.title, description = excluded.description, group_name = excluded.group_name, "
             "release = excluded.release, status = excluded.status, tags = excluded.tags, date = excluded.date, "
             "metadata = excluded.metadata, body = excluded.body, raw = excluded.raw, content_hash = excluded.content_hash, "
@@ -398,17 +409,18 @@ class Syncer:
             "commit_sha = excluded.commit_sha",
             kb_id, uid, p.id, p.path, p.content_type, p.title, p.description, p.group, p.release, p.status,
             json.dumps(p.tags), p.date, json.dumps(p.metadata, default=str), p.body, p.raw, p.content_hash, p.index_hash,
-            json.dumps([[f, why] for f, why in p.warnings]), now, head)]
+            json.dumps([[f, why] for f, why in p.warnings]), now, head, sync_id)]
         out.append(self.sql.stmt("DELETE FROM knowledge_links WHERE organization_id = ?1 AND source_uid = ?2", uid))
         out += [self.sql.stmt(
             "INSERT INTO knowledge_links (organization_id, kb_id, source_uid, target, label, ordinal) "
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6)", kb_id, uid, target, label, i) for i, (target, label) in enumerate(p.links)]
+            f"SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE {ENTRY_ALIVE}", kb_id, uid, target, label, i)
+            for i, (target, label) in enumerate(p.links)]
         if old is None or old["index_hash"] != p.index_hash:
             out.append(self.sql.stmt("DELETE FROM chunks WHERE organization_id = ?1 AND kind = 'knowledge' AND parent_id = ?2",
                                      uid))
             out += [self.sql.stmt(
                 "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
-                "VALUES (?1, ?2, 'knowledge', ?3, ?4, ?5, ?6)", new_id(), uid, i, text, tokens)
+                f"SELECT ?1, ?2, 'knowledge', ?3, ?4, ?5, ?6 WHERE {ENTRY_ALIVE}", new_id(), uid, i, text, tokens)
                 for i, (text, tokens) in enumerate(p.chunks)]
         out.append(_outcome(self.sql, sync_id, p.path, "added" if old is None else "updated", None, warnings))
         return out
@@ -425,9 +437,10 @@ class Syncer:
         stmts = [self.sql.stmt("DELETE FROM knowledge_files WHERE organization_id = ?1 AND kb_id = ?2 AND outcome = 'marker' "
                                "AND path NOT IN (SELECT value FROM json_each(?3))", kb_id, json.dumps(sorted(plan.markers)))]
         stmts += [self.sql.stmt(
-            "INSERT INTO knowledge_files (organization_id, kb_id, path, blob, outcome) VALUES (?1, ?2, ?3, ?4, 'marker') "
-            "ON CONFLICT (organization_id, kb_id, path) DO UPDATE SET blob = excluded.blob, outcome = 'marker', reason = NULL",
-            kb_id, path, blob) for path, blob in sorted(plan.markers.items())]
+            "INSERT INTO knowledge_files (organization_id, kb_id, path, blob, outcome) SELECT ?1, ?2, ?3, ?4, 'marker' "
+            f"WHERE {SYNC_ALIVE.format(n=5)} ON CONFLICT (organization_id, kb_id, path) DO UPDATE SET blob = excluded.blob, "
+            "outcome = 'marker', reason = NULL",
+            kb_id, path, blob, sync_id) for path, blob in sorted(plan.markers.items())]
         stmts += [
             self.sql.stmt("UPDATE knowledge_syncs SET state = 'succeeded', finished_at = ?3, error = NULL, "
                           "unresolved_links = ?4 WHERE organization_id = ?1 AND id = ?2", sync_id, now,
@@ -443,7 +456,8 @@ class Syncer:
 def _outcome(sql: OrgSql, sync_id: str, path: str, outcome: str, reason: str | None = None,
              warnings: str | None = None) -> Statement:
     return sql.stmt("INSERT INTO knowledge_sync_files (organization_id, sync_id, path, outcome, reason, warnings) "
-                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING", sync_id, path, outcome, reason, warnings)
+                    f"SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE {SYNC_ALIVE.format(n=2)} ON CONFLICT DO NOTHING",
+                    sync_id, path, outcome, reason, warnings)
 
 
 def _batches(todo: list[tuple[str, str, int]]) -> Iterable[list[tuple[str, str, int]]]:
@@ -483,7 +497,8 @@ def enqueue_kb_embed(sql: OrgSql, kb_id: str, now: int) -> Statement:
     return sql.stmt(
         "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) SELECT ?1, ?2, ?3, ?4, ?4 "
         "WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3 "
-        "AND state = 'pending' AND locked_until IS NULL)", EMBED_KB_JOB, kb_id, now)
+        "AND state = 'pending' AND locked_until IS NULL) "
+        "AND EXISTS (SELECT 1 FROM knowledge_bases WHERE organization_id = ?1 AND id = ?3)", EMBED_KB_JOB, kb_id, now)
 
 
 async def embed_knowledge(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job,
