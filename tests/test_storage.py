@@ -167,6 +167,45 @@ async def test_a_failing_embedder_is_retried_with_backoff(tmp_path):
     await control.close()
 
 
+async def test_a_failed_job_is_retried_when_its_backoff_ends_without_a_wake(tmp_path, monkeypatch):
+    """The worker's own schedule brings a failed job back: whatever moment its rounds fall on, no round between the
+    failure and the job's run_after may forget the organization (a job then waited for the next restart)."""
+    import services.jobs.worker as worker_module
+
+    class Flaky(HashEmbedder):
+        calls = 0
+
+        async def embed(self, texts):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("model crashed")
+            return await super().embed(texts)
+
+    clock, ticking = [1_800_000_000_000], [True]
+
+    def now_ms() -> int:  # while the job fails, time moves on between any two readings, as on a busy machine
+        clock[0] += 5 if ticking[0] else 0
+        return clock[0]
+
+    monkeypatch.setattr(worker_module, "now_ms", now_ms)
+    emb = Flaky()
+    control, stores = await make_stores(tmp_path, emb)
+    t = await _thoughts(stores, emb)
+    res = await t.capture("note that fails once")
+    db = (await stores.open("org_a")).db
+    worker = JobWorker(stores, emb, handlers=job_handlers())
+    await worker.scan()
+    await worker.run_once()
+    ticking[0] = False
+    run_after = (await db.execute("SELECT run_after FROM jobs")).rows[0]["run_after"]
+    for moment in range(run_after - 40, run_after + 40):  # a round at every millisecond around the retry
+        clock[0] = moment
+        await worker.run_once()
+    assert (await t.get(res.id)).indexing.state == "indexed"
+    await stores.close()
+    await control.close()
+
+
 async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
     _, stores, emb = env
     t = await _thoughts(stores, emb)

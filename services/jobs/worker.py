@@ -329,15 +329,16 @@ class JobWorker:
         except Exception as exc:
             self.failed += 1
             final = job.attempts >= MAX_ATTEMPTS
-            delay = min(300_000, 500 * 2 ** job.attempts)
+            # one time for both: the retry this process schedules must not fall before the row's run_after, or the
+            # round at that time finds nothing ready and forgets the organization (the job then waits for a restart)
+            at = now_ms() + min(300_000, 500 * 2 ** job.attempts)
             if not final:
-                at = now_ms() + delay
                 self._retry_at[job.organization_id] = min(at, self._retry_at.get(job.organization_id, at))
             log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
             await sql.execute(
                 "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
                 "WHERE organization_id = ?1 AND id = ?2",
-                [job.id, "failed" if final else "pending", now_ms() + delay, str(exc)[:500]],
+                [job.id, "failed" if final else "pending", at, str(exc)[:500]],
             )
             return
         self.processed += 1
