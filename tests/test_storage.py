@@ -206,6 +206,42 @@ async def test_a_failed_job_is_retried_when_its_backoff_ends_without_a_wake(tmp_
     await control.close()
 
 
+async def test_a_retry_survives_a_wake_that_comes_before_it(tmp_path, monkeypatch):
+    """A capture (a wake) between a job's failure and its retry time: the round the wake causes runs the new job and
+    must still keep the failed one's retry (it used to drop it, leaving the job to wait for the next restart)."""
+    import services.jobs.worker as worker_module
+
+    class FailsFirst(HashEmbedder):
+        calls = 0
+
+        async def embed(self, texts):
+            FailsFirst.calls += 1
+            if FailsFirst.calls == 1:
+                raise RuntimeError("model crashed")
+            return await super().embed(texts)
+
+    clock = [1_800_000_000_000]
+    monkeypatch.setattr(worker_module, "now_ms", lambda: clock[0])
+    emb = FailsFirst()
+    control, stores = await make_stores(tmp_path, emb)
+    t = await _thoughts(stores, emb)
+    first = await t.capture("the note whose embedding fails once")
+    worker = JobWorker(stores, emb, handlers=job_handlers())
+    await worker.scan()
+    await worker.run_once()  # the embedding fails: retried after its backoff
+    clock[0] += 10
+    second = await t.capture("another note, captured before the retry is due")
+    worker.wake("org_a")
+    await worker.run_once()  # the wake's round: the new note's job runs, the failed one is not due yet
+    assert (await t.get(second.id)).indexing.state == "indexed"
+    assert (await t.get(first.id)).indexing.state == "pending"
+    clock[0] += 600_000  # long after the backoff
+    await worker.run_once()
+    assert (await t.get(first.id)).indexing.state == "indexed"
+    await stores.close()
+    await control.close()
+
+
 async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
     _, stores, emb = env
     t = await _thoughts(stores, emb)

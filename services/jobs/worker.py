@@ -91,7 +91,7 @@ class JobWorker:
         #: Wakes per organization (a round only forgets an organization no wake touched while it ran) and the
         #: retry times this process set when jobs failed: what the worker knows without asking the database.
         self._wakes: dict[str, int] = {}
-        self._retry_at: dict[str, int] = {}
+        self._retry_at: dict[str, list[int]] = {}
         self._pending_cache: tuple[float, int] | None = None
         self._scanned = False
         #: Organizations out of space (a full disk, a database at its size limit): why, and the jobs claimed
@@ -301,11 +301,13 @@ class JobWorker:
                     # Nothing more is ready. What is left is retries this process scheduled (known without a
                     # query: on D1 each query is an API request); leases of a crashed instance are found by
                     # the start-up scan.
-                    retry = self._retry_at.pop(org_id, None)
-                    if retry is None:
-                        self._due.pop(org_id, None)
+                    # A retry is kept until its time has come and gone (a wake in between must not drop it).
+                    later = sorted(at for at in self._retry_at.pop(org_id, []) if at > now)
+                    if later:
+                        self._retry_at[org_id] = later
+                        self._due[org_id] = later[0]
                     else:
-                        self._due[org_id] = retry
+                        self._due.pop(org_id, None)
             return ran
         finally:
             self._busy -= 1
@@ -333,7 +335,7 @@ class JobWorker:
             # round at that time finds nothing ready and forgets the organization (the job then waits for a restart)
             at = now_ms() + min(300_000, 500 * 2 ** job.attempts)
             if not final:
-                self._retry_at[job.organization_id] = min(at, self._retry_at.get(job.organization_id, at))
+                self._retry_at.setdefault(job.organization_id, []).append(at)
             log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
             await sql.execute(
                 "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
