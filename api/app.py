@@ -126,12 +126,23 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
 
 
 def _guard_limits(app: Litestar) -> None:
-    """api.limits runs before routing: URL, header and body limits, and OPTIONS' Allow per route."""
+    """api.limits runs before routing: URL, header and body limits, and OPTIONS' Allow per route (a CORS preflight
+    is answered before routing, so its route is found from the path)."""
     methods: dict[str, set[str]] = {}
     for route in app.routes:
         template = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path)  # as scope["path_template"] names it
         methods.setdefault(template, set()).update(getattr(route, "methods", ()))
-    app.asgi_handler = guard(app.asgi_handler, methods.get)
+    patterns = [(re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(t)) + "$"), t) for t in methods
+                if "{" in t]
+
+    def route_methods(scope) -> set[str] | None:
+        template = scope.get("path_template")
+        if template is None:
+            path = scope.get("path", "")
+            template = path if path in methods else next((t for p, t in patterns if p.match(path)), None)
+        return methods.get(template) if template else None
+
+    app.asgi_handler = guard(app.asgi_handler, route_methods)
 
 
 def _all_structs(base: type) -> list[type]:

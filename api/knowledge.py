@@ -28,6 +28,8 @@ from services.knowledge.service import Knowledge
 
 __all__ = ["knowledge_handlers", "KnowledgeBaseCreateIn", "KnowledgeBaseUpdateIn", "SyncIn", "WebhookSecretOut"]
 
+#: What a git source's url looks like (services.knowledge.gitsource.check_source_url decides what is accepted).
+SOURCE_URL = r"^(https?://[^\s/?#@]+(/\S*)?|/\S*|file:///\S*)$"
 Slug = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")]
 Glob = Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
 Globs = Annotated[list[Glob], msgspec.Meta(max_length=50)]
@@ -38,7 +40,8 @@ Tier = Literal["open", "public", "members"]
 class GitSourceIn(msgspec.Struct, tag_field="type", tag="git", forbid_unknown_fields=True):
     """A git repository over https (any host) or, where the operator allows it, a local path."""
 
-    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000, pattern=SOURCE_URL,
+                                     description="https://host/path (any git host), or a local path where allowed")]
     branch: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] = "main"
     include: Globs | None = None
     exclude: Globs | None = None
@@ -84,7 +87,7 @@ class KnowledgeBaseCreateIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class GitSourcePatch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)] | msgspec.UnsetType = msgspec.UNSET
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000, pattern=SOURCE_URL)] | msgspec.UnsetType = msgspec.UNSET
     branch: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | msgspec.UnsetType = msgspec.UNSET
     include: Globs | msgspec.UnsetType = msgspec.UNSET
     exclude: Globs | msgspec.UnsetType = msgspec.UNSET

@@ -3,7 +3,7 @@
 * the read-only REST API ``api/v1/``: ``entries`` (list and filter), ``entries/{contentType}/{id}`` (a whole
   document with its links), ``search``, ``openapi.json``; GET and HEAD (CORS from any origin; every other method
   405); ETags on every answer; ``Cache-Control: public, max-age=300, stale-while-revalidate=3600`` where anyone may
-  read the same answer (an open knowledge base, an open endpoint), ``private, no-cache`` otherwise;
+  read the same answer (an open knowledge base, an open endpoint), ``private, no-cache`` otherwise (every error too);
 * the MCP endpoint ``mcp`` (stateless Streamable HTTP, as ``/orgs/{slug}/mcp``): the seed's tools, resources and
   prompts (api.knowledge_tools).
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -33,7 +35,7 @@ from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.shared.exceptions import McpError
 
 from api.auth import client_address
-from api.errors import error_responses
+from api.errors import error_responses, exception_handlers
 from api.knowledge_tools import (
     KB_TOOLS, PROMPTS, TIER_LEVEL, prompt_messages, read_resource, required_tier, resource_list, tier_error,
 )
@@ -48,6 +50,8 @@ from tenancy.auth import credentials_from
 from tenancy.ratelimit import Limit
 
 __all__ = ["knowledge_public_handlers", "PUBLIC_PREFIX", "Published", "published"]
+
+log = logging.getLogger("memex.knowledge")
 
 PUBLIC_PREFIX = "/kb/{org_slug:str}/{kb:str}"
 OPEN_CACHE = "public, max-age=300, stale-while-revalidate=3600"
@@ -149,12 +153,28 @@ OrgSlug = Annotated[str, Parameter(min_length=1, max_length=64, description="the
 KbRef = Annotated[str, Parameter(min_length=1, max_length=64, description="the knowledge base's slug or id")]
 PUBLIC_SECURITY = [{}, {"apiKey": []}, {"accessJwt": []}]
 PUBLIC_ERRORS = error_responses(400, 401, 404, 429)
+_EPOCH_MS = re.compile(r"-?[0-9]{1,20}")
+
+
+def _uncached(handler: Callable[[Request, Any], Response]) -> Callable[[Request, Any], Response]:
+    """The service's error mapper, plus the cache policy of a refusal: a 401 or 404 here depends on who asks (a member
+    gets 200 at the same URL), so no shared cache may store it and serve it to someone else."""
+
+    def answer(request: Request, exc: Any) -> Response:
+        response = handler(request, exc)
+        response.headers.update({"Cache-Control": PRIVATE_CACHE, "Vary": VARY})
+        return response
+
+    return answer
+
+
+PUBLIC_EXCEPTION_HANDLERS = {kind: _uncached(handler) for kind, handler in exception_handlers.items()}
 
 
 def _filters(content_type: str | None, group: str | None, release: str | None, status: str | None, tags: str | None,
              date_from: str | None, date_to: str | None) -> Filters:
     def when(value: str | None, field: str) -> int | None:
-        if value is not None and value.lstrip("-").isdigit():
+        if value is not None and _EPOCH_MS.fullmatch(value):  # ASCII digits only ('²'.isdigit() is true)
             return parse_date(int(value), field)
         return parse_date(value, field)
 
@@ -165,6 +185,7 @@ def _filters(content_type: str | None, group: str | None, release: str | None, s
 
 @route(PUBLIC_PREFIX + "/api/v1/entries", http_method=["GET", "HEAD"], operation_id=_operation_id("listPublicEntries"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
+       exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
        summary="List a knowledge base's entries, filtered by content type, group, release, status, tags or date")
 async def list_entries(request: Request, org_slug: OrgSlug, kb: KbRef, content_type: ContentType = None,
                        group: Group = None, release: Release = None, status: Status = None, tags: Tags = None,
@@ -179,7 +200,7 @@ async def list_entries(request: Request, org_slug: OrgSlug, kb: KbRef, content_t
 
 @route(PUBLIC_PREFIX + "/api/v1/entries/{content_type:str}/{entry_id:str}", http_method=["GET", "HEAD"],
        operation_id=_operation_id("getPublicEntry"), tags=["knowledge (public)"], security=PUBLIC_SECURITY,
-       exclude_from_auth=True, responses=PUBLIC_ERRORS,
+       exclude_from_auth=True, responses=PUBLIC_ERRORS, exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
        summary="One entry: the whole document (frontmatter fields, markdown body) with its links and backlinks",
        description="Needs the knowledge base's document tier (default: members).")
 async def get_entry(request: Request, org_slug: OrgSlug, kb: KbRef,
@@ -196,6 +217,7 @@ async def get_entry(request: Request, org_slug: OrgSlug, kb: KbRef,
 
 @route(PUBLIC_PREFIX + "/api/v1/search", http_method=["GET", "HEAD"], operation_id=_operation_id("searchPublic"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
+       exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
        summary="Search a knowledge base (hybrid keyword + vector, reranked when a reranker is configured)")
 async def search(request: Request, org_slug: OrgSlug, kb: KbRef,
                  q: Annotated[str, Parameter(min_length=1, max_length=1000, description="the query")],
@@ -210,6 +232,7 @@ async def search(request: Request, org_slug: OrgSlug, kb: KbRef,
 
 @route(PUBLIC_PREFIX + "/api/v1/openapi.json", http_method=["GET", "HEAD"], operation_id=_operation_id("publicOpenApi"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
+       exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
        summary="The OpenAPI document of this knowledge base's public API")
 async def public_openapi(request: Request, org_slug: OrgSlug, kb: KbRef) -> Response[dict[str, Any]]:
     pub = await published(request, org_slug, kb)
@@ -290,6 +313,9 @@ def build_kb_server(pub: Published) -> Server:
             data, text = await tool.run(pub.knowledge, pub.reader, arguments)
         except MemexError as exc:
             return tool_error(exc.code, exc.message, exc.details)
+        except Exception:  # never the raw exception text in a tool result (the SDK would send str(exc))
+            log.exception("knowledge tool %s failed", tool.name)
+            return tool_error("internal", "internal server error")
         plain = msgspec.to_builtins(data)
         return t.CallToolResult(content=[t.TextContent(type="text", text=text or msgspec.json.encode(plain).decode())],
                                 structuredContent=plain)

@@ -10,7 +10,8 @@
   ``POST /v1/org/import`` may send up to ``MAX_IMPORT_BYTES`` (an organization's bundle, which that
   route reads as it streams, line by line: ``LARGE_BODIES``), a knowledge base's archive import up to
   ``MAX_ARCHIVE_BYTES``;
-- an OPTIONS reply's ``Allow`` lists exactly the methods of the route (Litestar's automatic OPTIONS handler
+- an OPTIONS reply's ``Allow`` (and a CORS preflight's ``Access-Control-Allow-Methods``) lists exactly the methods
+  of the route (Litestar's automatic OPTIONS handler
   can name the methods of a sibling handler group only).
 """
 
@@ -78,8 +79,8 @@ def body_limit(scope: Scope) -> int:
                 MAX_BODY_BYTES)
 
 
-def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGIApp:
-    """``route_methods(path_template)``: the methods a route answers (for OPTIONS' Allow)."""
+def guard(app: ASGIApp, route_methods: Callable[[Scope], set[str] | None]) -> ASGIApp:
+    """``route_methods(scope)``: the methods the request's route answers (for OPTIONS' Allow)."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -135,12 +136,18 @@ def guard(app: ASGIApp, route_methods: Callable[[str], set[str] | None]) -> ASGI
     return guarded
 
 
-def _fix_allow(message: Message, scope: Scope, route_methods: Callable[[str], set[str] | None]) -> Message:
+#: The headers of an OPTIONS reply that name methods: Allow, and a CORS preflight's Access-Control-Allow-Methods.
+_METHOD_HEADERS = (b"allow", b"access-control-allow-methods")
+
+
+def _fix_allow(message: Message, scope: Scope, route_methods: Callable[[Scope], set[str] | None]) -> Message:
+    """An OPTIONS reply names exactly the route's methods, in Allow and in a CORS preflight's answer alike (a
+    read-only route, the published knowledge API, advertises GET, HEAD and OPTIONS, not every method)."""
     headers = message.get("headers") or []
-    if not any(k.lower() == b"allow" for k, _ in headers):
+    if not any(k.lower() in _METHOD_HEADERS for k, _ in headers):
         return message
-    methods = route_methods(scope.get("path_template") or "")
+    methods = route_methods(scope)
     if not methods:
         return message
     allow = ", ".join(sorted(methods | {"OPTIONS"})).encode()
-    return {**message, "headers": [(k, allow if k.lower() == b"allow" else v) for k, v in headers]}
+    return {**message, "headers": [(k, allow if k.lower() in _METHOD_HEADERS else v) for k, v in headers]}

@@ -9,6 +9,8 @@ ranges), so the 400 comes from validation and never from what a value would do f
 from __future__ import annotations
 
 import re
+import types
+import typing
 
 import msgspec
 import numpy as np
@@ -43,8 +45,8 @@ async def strict_body(request: Request) -> None:
     param = request.route_handler.parsed_fn_signature.parameters.get("data")
     if param is None:
         return None
-    tp = param.annotation
-    if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+    tp, optional = _struct_of(param.annotation)
+    if tp is None:
         return None
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
@@ -52,6 +54,8 @@ async def strict_body(request: Request) -> None:
             status_code=415, detail="send the body as application/json", extra={"content_type": media[:100]}
         )
     body = await request.body()
+    if optional and not body.strip():
+        return None  # an optional body left out
     if json_too_deep(body):
         raise _invalid(request, f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
     try:
@@ -72,6 +76,19 @@ async def strict_body(request: Request) -> None:
         text = str(exc)[:300]
         raise ValidationException(text if "malformed" in text else f"JSON is malformed: {text}") from None
     return None
+
+
+def _struct_of(annotation) -> tuple[type | None, bool]:
+    """The Struct a ``data`` parameter takes and whether it may be left out (``SomeIn | None``); (None, _) when the
+    parameter is not a Struct."""
+    optional = False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(members) < len(typing.get_args(annotation))
+        annotation = members[0] if len(members) == 1 else None
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation, optional
+    return None, False
 
 
 def _whole_floats_to_int(value, depth: int):
