@@ -56,6 +56,8 @@ async def strict_body(request: Request) -> None:
     body = await request.body()
     if optional and not body.strip():
         return None  # an optional body left out
+    if optional:
+        tp = tp | None  # JSON null is the schema's other member
     if json_too_deep(body):
         raise _invalid(request, f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
     try:
