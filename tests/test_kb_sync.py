@@ -514,3 +514,35 @@ def test_deleting_a_knowledge_base_leaves_nothing_behind(kb_live):
     assert not chunk_ids & left
     assert not (kb_live.memex.knowledge_config.cache_root / org.id / kb["id"]).exists()
     assert_error(_push(kb_live.client(), kb["id"], kb["webhook_secret"], {"ref": "refs/heads/main"}), 404)
+
+
+# -- the second stage ------------------------------------------------------------------------------------------
+
+
+def test_with_a_reranker_the_candidates_are_reranked_and_the_result_cached(tmp_path):
+    """MEMEX_RERANKER=workers-ai (bge-reranker-base, on the emulator): the first candidates are rescored on their title,
+    description and passage and come back in the reranker's order with its score; the same query over the same
+    candidates within the hour costs no second model call (the seed's rerank cache)."""
+    from tests.cloudflare_emulator.ai import rerank_score
+
+    (tmp_path / "vaults").mkdir()
+    with backend_live("cloudflare", tmp_path, kb_local_roots=[str(tmp_path / "vaults")], reranker="workers-ai") as live:
+        live.vaults = tmp_path / "vaults"
+        c, org = admin(live)
+        create(c, new_vault(live))
+        settled(c, "coop")
+        query = "how does the circle rotate the facilitator role"
+        before = live.emulator.counters_snapshot()["by_op"]
+        hits = c.get(f"/kb/{org.slug}/coop/api/v1/search", params={"q": query, "limit": 10}).json()["results"]
+        after = live.emulator.counters_snapshot()["by_op"]
+        reranks = {op: n - before.get(op, 0) for op, n in after.items() if "rerank" in op and n != before.get(op, 0)}
+        assert sum(reranks.values()) == 1, after
+        scores = [h["rerankScore"] for h in hits]
+        assert hits and all(s is not None for s in scores) and scores == sorted(scores, reverse=True)
+        for h in hits:  # each score is the model's for the hit's title, description and passage
+            passage = "\n".join(p for p in (h["title"], h.get("description"), h["snippet"]) if p)[:2000]
+            assert h["rerankScore"] == pytest.approx(rerank_score(query, passage), abs=1e-5)
+        again = c.get(f"/kb/{org.slug}/coop/api/v1/search", params={"q": query, "limit": 10}).json()["results"]
+        assert [h["id"] for h in again] == [h["id"] for h in hits]
+        final = live.emulator.counters_snapshot()["by_op"]
+        assert {op: n for op, n in final.items() if "rerank" in op} == {op: n for op, n in after.items() if "rerank" in op}
