@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_conversation_commands(sub)
 
+    from api.knowledge_cli import add_commands as add_knowledge_commands
+
+    add_knowledge_commands(sub)  # kb create / sync / import / list / status
+
     key = sub.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
     kc = key.add_parser("create", help="create a key (printed once)")
     kc.add_argument("--org", required=True, help="organization slug")
