@@ -6,7 +6,6 @@ tier) is api.knowledge_public; GitHub's webhook is api.webhooks.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -20,10 +19,7 @@ from api.errors import error_responses
 from api.limits import MAX_ARCHIVE_BYTES
 from api.routes import ADMIN, AUTH_ERRORS, READ, org_services
 from api.wiring import OrgServices
-from services.errors import InvalidInput
-from services.knowledge.archive import read_archive
 from services.knowledge.models import KnowledgeBase, KnowledgeBaseCreated, KnowledgeBaseList, Sync, SyncPage
-from services.knowledge.paths import excluded, is_marker, selected
 from services.knowledge.service import Knowledge
 
 __all__ = ["knowledge_handlers", "KnowledgeBaseCreateIn", "KnowledgeBaseUpdateIn", "SyncIn", "WebhookSecretOut"]
@@ -221,17 +217,7 @@ class KnowledgeBaseController(Controller):
     async def import_archive(self, kb: KbRef, request: Request, org: OrgServices) -> Response[Sync]:
         ks = _knowledge(org)
         row = await ks.bases.row(kb)
-        source = msgspec.json.decode(row["source"])
-        if source["type"] != "upload":
-            await ks.bases.request_sync(row, "import", files={})  # answers the 409 for a git source
-        body = await request.body()
-        if not body:
-            raise InvalidInput("send the archive as the request body (application/zip or application/gzip)",
-                               details={"field": "body"})
-        files = await asyncio.to_thread(read_archive, body)
-        kept = {p: data for p, data in files.items()
-                if selected(p, source["include"], source["exclude"]) or (is_marker(p) and not excluded(p, source["exclude"]))}
-        sync_id, _ = await ks.bases.request_sync(row, "import", files=kept)
+        sync_id = await ks.bases.import_archive(row, await request.body())
         return Response(await ks.bases.sync(row, sync_id, detail=False), status_code=202)
 
     @post("/{kb:str}/webhook-secret", operation_id="rotateKnowledgeBaseWebhookSecret", guards=[ADMIN], status_code=200,

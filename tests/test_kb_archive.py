@@ -110,6 +110,10 @@ def test_a_common_top_folder_is_stripped(build) -> None:
     assert read_archive(build(two_tops)) == two_tops
     a_file_at_the_top = {"a/x.md": b"x", "top.md": b"t"}
     assert read_archive(build(a_file_at_the_top)) == a_file_at_the_top
+    # a vault whose files all sit in docs/ keeps it: that folder is content (it gives entries their paths and types)
+    only_docs = {"docs/group/a.md": b"a", "docs/group/b.md": b"b"}
+    assert read_archive(build(only_docs), keep_top={"docs", "data"}) == only_docs
+    assert read_archive(build(only_docs)) == {"group/a.md": b"a", "group/b.md": b"b"}
 
 
 def test_directories_are_skipped_and_names_normalised() -> None:

@@ -546,3 +546,20 @@ def test_with_a_reranker_the_candidates_are_reranked_and_the_result_cached(tmp_p
         assert [h["id"] for h in again] == [h["id"] for h in hits]
         final = live.emulator.counters_snapshot()["by_op"]
         assert {op: n for op, n in final.items() if "rerank" in op} == {op: n for op, n in after.items() if "rerank" in op}
+
+
+def test_a_hit_shows_the_passage_that_holds_the_query_words(kb_live):
+    """A long entry whose only mention of the query's word is in a late passage: the hit is found and shows that
+    passage (not the passage nearest by meaning), and the relevance floor judges the entry by it."""
+    c, org = admin(kb_live)
+    filler = "\n\n".join(f"Paragraph {i} on the orchard's pruning calendar, grafting, mulch and the cider press rota. "
+                         "The stewards walk the rows each autumn and note the trees that need care. " * 3
+                         for i in range(12))
+    vault = new_vault(kb_live, {"data/resources/practices/orchard-care.md":
+                                frontmatter({"title": "Orchard care", "publish": True, "date": "2024-05-05"})
+                                + filler + "\n\nThe old quillwort hedge marks the northern boundary.\n"})
+    create(c, vault)
+    view = settled(c, "coop")
+    assert view["chunks"] > 2  # the word sits in a late chunk
+    r = c.get(f"/kb/{org.slug}/coop/api/v1/search", params={"q": "quillwort"}).json()["results"]
+    assert [h["id"] for h in r] == ["orchard-care"] and "quillwort" in r[0]["snippet"]

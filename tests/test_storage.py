@@ -242,6 +242,37 @@ async def test_a_retry_survives_a_wake_that_comes_before_it(tmp_path, monkeypatc
     await control.close()
 
 
+async def test_a_deferred_job_waits_uncounted_and_runs_later(tmp_path, monkeypatch):
+    """A handler that cannot run its job yet (another process holds what it needs) defers it: the job waits its delay,
+    the attempt is not counted against it, and the worker runs it once the delay has passed, with no wake."""
+    import services.jobs.worker as worker_module
+    from services.jobs.worker import JobDeferred
+
+    clock = [1_800_000_000_000]
+    monkeypatch.setattr(worker_module, "now_ms", lambda: clock[0])
+    emb = HashEmbedder()
+    control, stores = await make_stores(tmp_path, emb)
+    sql = (await stores.open("org_a")).sql
+    await sql.execute("INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?1, 'x', 't', 0, 0)")
+    ran: list[int] = []
+
+    async def busy_then_free(sql, vectors, embedder, job):
+        ran.append(job.attempts)
+        if len(ran) < 4:
+            raise JobDeferred("held elsewhere", delay_ms=1000)
+
+    worker = JobWorker(stores, emb, handlers={"x": busy_then_free})
+    await worker.scan()
+    for _ in range(4):
+        await worker.run_once()
+        assert await worker.run_once() == 0  # not before its delay
+        clock[0] += 1000
+    assert ran == [1, 1, 1, 1]  # never counted: a deferral is not a failure
+    assert (await sql.rows("SELECT COUNT(*) AS n FROM jobs WHERE organization_id = ?1"))[0]["n"] == 0
+    await stores.close()
+    await control.close()
+
+
 async def test_lost_vector_index_is_rebuilt_from_sql(tmp_path, env):
     _, stores, emb = env
     t = await _thoughts(stores, emb)

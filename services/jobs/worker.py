@@ -28,7 +28,7 @@ from services.ports import Embedder
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import OrgStores
 
-__all__ = ["Job", "Handler", "JobWorker"]
+__all__ = ["Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
@@ -47,6 +47,21 @@ class Job:
 
 
 Handler = Callable[[OrgSql, OrgVectors, Embedder, Job], Awaitable[None]]
+
+
+class JobDeferred(Exception):
+    """Raised by a handler that cannot run its job yet (another holds what it needs): the job goes back to wait
+    ``delay_ms``, its attempt not counted."""
+
+    def __init__(self, reason: str, delay_ms: int = 2000) -> None:
+        super().__init__(reason)
+        self.delay_ms = delay_ms
+
+
+async def renew_lease(sql: OrgSql, job: Job) -> None:
+    """Extend a long job's lease (a knowledge sync between two batches), so no other worker claims it meanwhile."""
+    await sql.execute("UPDATE jobs SET locked_until = ?3 WHERE organization_id = ?1 AND id = ?2",
+                      [job.id, now_ms() + LEASE_MS])
 
 
 class JobWorker:
@@ -328,6 +343,14 @@ class JobWorker:
             await handler(sql, vectors, self.embedder, job)
         except InsufficientStorage:
             raise
+        except JobDeferred as deferred:
+            at = now_ms() + deferred.delay_ms
+            self._retry_at.setdefault(job.organization_id, []).append(at)
+            log.info("job %s (%s) deferred: %s", job.id, job.kind, deferred)
+            await sql.execute(
+                "UPDATE jobs SET run_after = ?3, locked_until = NULL, attempts = MAX(0, attempts - 1) "
+                "WHERE organization_id = ?1 AND id = ?2", [job.id, at])
+            return
         except Exception as exc:
             self.failed += 1
             final = job.attempts >= MAX_ATTEMPTS

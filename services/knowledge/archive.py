@@ -19,7 +19,7 @@ import tarfile
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import IO
 
 from services.errors import InvalidInput, MemexError, PayloadTooLarge
@@ -78,8 +78,10 @@ class _Refused(Exception):
         return cls(self.message(), details={"reason": self.reason, "member": self.member})
 
 
-def read_archive(data: bytes) -> dict[str, bytes]:
-    """{posix path -> bytes} of every regular file of the archive, or the whole archive refused."""
+def read_archive(data: bytes, *, keep_top: Collection[str] = ()) -> dict[str, bytes]:
+    """{posix path -> bytes} of every regular file of the archive, or the whole archive refused. A single top folder
+    every file sits under is dropped (GitHub's ``repo-main/``) unless its name is in ``keep_top`` (a vault's own
+    folders, ``docs``, ``data``: the paths that give entries their types)."""
     try:
         if len(data) > MAX_ARCHIVE_BYTES:
             raise _Refused("too_large", detail=f"the archive is larger than {MAX_ARCHIVE_BYTES // MiB} MiB")
@@ -87,7 +89,7 @@ def read_archive(data: bytes) -> dict[str, bytes]:
         members = _read_zip(data) if kind == "zip" else _read_tar(data, gzipped=kind == "gzip")
     except _Refused as refused:
         raise refused.error() from None
-    return _strip_common_folder(members)
+    return _strip_common_folder(members, keep_top)
 
 
 def _kind(data: bytes) -> str:
@@ -153,10 +155,11 @@ class _Members:
         return data
 
 
-def _strip_common_folder(files: dict[str, bytes]) -> dict[str, bytes]:
-    """Without the one top-level folder every file sits under (GitHub's ``repo-main/``), if there is one."""
+def _strip_common_folder(files: dict[str, bytes], keep_top: Collection[str] = ()) -> dict[str, bytes]:
+    """Without the one top-level folder every file sits under (GitHub's ``repo-main/``), if there is one and it is
+    not one of ``keep_top``."""
     tops = {path.partition("/")[0] for path in files}
-    if len(tops) != 1 or not all("/" in path for path in files):
+    if len(tops) != 1 or not all("/" in path for path in files) or tops <= set(keep_top):
         return files
     return {path.partition("/")[2]: data for path, data in files.items()}
 

@@ -183,10 +183,14 @@ class KnowledgeReader:
             return []
         uids = json.dumps([r["uid"] for r in rows])
         names = json.dumps([r["id"] for r in rows] + [r["title"] for r in rows])
+        # by id, else by title: two joins, one per index (an OR of the two would compare every link with every entry)
         out_links = await self.sql.rows(
-            "SELECT l.source_uid, l.ordinal, l.target, l.label, t.id AS tid, t.content_type AS ttype, t.title AS ttitle "
-            "FROM knowledge_links l LEFT JOIN knowledge_entries t ON t.organization_id = l.organization_id "
-            "AND t.kb_id = l.kb_id AND (t.id = l.target COLLATE NOCASE OR t.title = l.target COLLATE NOCASE) "
+            "SELECT l.source_uid, l.ordinal, l.target, l.label, i.id AS iid, i.content_type AS itype, i.title AS ititle, "
+            "t.id AS tid, t.content_type AS ttype, t.title AS ttitle FROM knowledge_links l "
+            "LEFT JOIN knowledge_entries i ON i.organization_id = l.organization_id AND i.kb_id = l.kb_id "
+            "AND i.id = l.target COLLATE NOCASE "
+            "LEFT JOIN knowledge_entries t ON t.organization_id = l.organization_id AND t.kb_id = l.kb_id "
+            "AND t.title = l.target COLLATE NOCASE "
             "WHERE l.organization_id = ?1 AND l.source_uid IN (SELECT value FROM json_each(?2)) ORDER BY l.ordinal",
             [uids])
         in_links = await self.sql.rows(
@@ -210,7 +214,8 @@ class KnowledgeReader:
         return {r["id"]: r for r in rows}
 
     async def rows_by_uid(self, uids: list[str]) -> dict[str, dict[str, Any]]:
-        rows = await self.sql.rows("SELECT * FROM knowledge_entries WHERE organization_id = ?1 AND kb_id = ?2 "
+        # +kb_id: look the rows up by their key (uid), not by walking the knowledge base on another index
+        rows = await self.sql.rows("SELECT * FROM knowledge_entries WHERE organization_id = ?1 AND +kb_id = ?2 "
                                    "AND uid IN (SELECT value FROM json_each(?3))", [self.kb_id, json.dumps(uids)])
         return {r["uid"]: r for r in rows}
 
@@ -281,16 +286,15 @@ class KnowledgeReader:
 
 def _outgoing(entry: dict[str, Any], links: list[dict[str, Any]]) -> list[EntryLink]:
     """An entry's links in order, each resolved to the entry with that id, else with that title (any case)."""
-    best: dict[int, dict[str, Any]] = {}
+    best: dict[int, EntryLink] = {}
     for x in links:
-        if x["source_uid"] != entry["uid"]:
+        if x["source_uid"] != entry["uid"] or (x["ordinal"] in best and best[x["ordinal"]].resolved):
             continue
-        held = best.get(x["ordinal"])
-        by_id = x["tid"] is not None and x["tid"].casefold() == x["target"].casefold()
-        if held is None or (held["tid"] is None) or (by_id and held["tid"].casefold() != held["target"].casefold()):
-            best[x["ordinal"]] = x
-    return [EntryLink(id=x["tid"] or x["target"], label=x["label"], resolved=x["tid"] is not None,
-                      content_type=x["ttype"], title=x["ttitle"]) for _, x in sorted(best.items())]
+        key = "i" if x["iid"] is not None else "t"
+        found = x[f"{key}id"]
+        best[x["ordinal"]] = EntryLink(id=found or x["target"], label=x["label"], resolved=found is not None,
+                                       content_type=x[f"{key}type"], title=x[f"{key}title"])
+    return [link for _, link in sorted(best.items())]
 
 
 def _incoming(entry: dict[str, Any], links: list[dict[str, Any]], ids: set[str]) -> list[EntryLink]:

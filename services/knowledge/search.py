@@ -24,7 +24,7 @@ from services.errors import InvalidInput
 from services.knowledge.entries import Filters, KnowledgeReader
 from services.knowledge.models import KnowledgeHit, KnowledgeSearchResult
 from services.ports import Embedder, Reranker
-from services.search.fusion import KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, floor_terms, fts_query, fuse
+from services.search.fusion import KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, floor_terms, fts_query, fuse, query_terms
 from services.search.ranking import RerankCache
 from services.search.relevance import relevance_floor
 from services.storage.scoped import OrgVectors
@@ -39,7 +39,7 @@ MAX_LIMIT = 20
 RERANK_DEPTH = 20
 #: Characters of passage text handed to the reranker per candidate (the seed: a truncated content snippet).
 RERANK_CHARS = 2000
-#: Characters of the matching passage returned with each hit.
+#: Characters of the matching passage returned with each hit (around the first of the query's words it holds).
 SNIPPET_CHARS = 1000
 
 
@@ -78,10 +78,17 @@ class KnowledgeSearch:
         keyword = await self._keyword(query, filters)
         vector = await self._vector(query, filters)
         ranked = fuse(keyword, vector, key=lambda _c, kind, parent: (kind, parent))
+        # An entry the query's words found shows (and is judged by the relevance floor on) the passage holding them,
+        # not a nearer passage by meaning that may hold none of them.
+        worded: dict[str, str] = {}
+        for chunk_id, _, parent, _ in keyword:
+            worded.setdefault(parent, chunk_id)
+        for c in ranked:
+            c.chunk_id = worded.get(c.parent_id, c.chunk_id)
         vector_cut = min((r[3] for r in vector), default=None) if len(vector) >= VECTOR_DEPTH else None
         ranked = await relevance_floor(self.sql, self.embedder.relevance_floor, floor_terms(query), ranked, vector_cut)
         depth = max(limit, RERANK_DEPTH if self.reranker is not None else 0)
-        hits = await self._hydrate(ranked[: depth + 5])
+        hits = await self._hydrate(ranked[: depth + 5], query_terms(query))
         if self.reranker is not None and hits:
             hits = await self._rerank(query, hits[:depth])
         top = hits[:limit]
@@ -120,7 +127,7 @@ class KnowledgeSearch:
             out = [r for r in out if r[2] in keep]
         return out
 
-    async def _hydrate(self, ranked: Sequence[Candidate]) -> list[_Ranked]:
+    async def _hydrate(self, ranked: Sequence[Candidate], terms: list[str]) -> list[_Ranked]:
         if not ranked:
             return []
         rows = await self.reader.rows_by_uid([c.parent_id for c in ranked])
@@ -134,7 +141,7 @@ class KnowledgeSearch:
                 continue  # deleted between the lookups and now
             hit = KnowledgeHit(id=r["id"], content_type=r["content_type"], title=r["title"], path=r["path"],
                                score=round(c.fused, 6), description=r["description"], group=r["group_name"],
-                               release=r["release"], tags=_tags(r), snippet=text[:SNIPPET_CHARS])
+                               release=r["release"], tags=_tags(r), snippet=snippet(text, terms))
             passage = "\n".join(p for p in (r["title"], r["description"], text) if p)[:RERANK_CHARS]
             out.append(_Ranked("knowledge", c.chunk_id, c.fused, hit, passage, r["uid"]))
         return out
@@ -159,6 +166,23 @@ class KnowledgeSearch:
         for c in out:
             c.hit.rerank_score = round(c.score, 6)
         return out
+
+
+def snippet(text: str, terms: Sequence[str], size: int = SNIPPET_CHARS) -> str:
+    """``size`` characters of a passage around the first of the query's words it holds (its start when none), cut at
+    spaces, an ellipsis where it was cut."""
+    if len(text) <= size:
+        return text
+    lower = text.lower()
+    found = [i for i in (lower.find(t) for t in terms) if i >= 0]
+    start = max(0, min(found) - size // 3) if found else 0
+    start = min(start, len(text) - size)
+    if start > 0:
+        start = text.find(" ", start) + 1 or start
+    end = min(len(text), start + size)
+    if end < len(text):
+        end = text.rfind(" ", start, end) if text.rfind(" ", start, end) > start else end
+    return ("…" if start > 0 else "") + text[start:end].strip() + ("…" if end < len(text) else "")
 
 
 def _tags(row: dict[str, Any]) -> list[str]:

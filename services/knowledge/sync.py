@@ -40,8 +40,8 @@ from typing import Any
 
 from services.errors import InsufficientStorage
 from services.ids import new_id, now_ms
-from services.jobs.worker import Job
-from services.knowledge.bases import EMBED_KB_JOB
+from services.jobs.worker import Job, JobDeferred, renew_lease
+from services.knowledge.bases import EMBED_KB_JOB, SYNC_JOB
 from services.knowledge.gitsource import GitSource, SourceError
 from services.knowledge.markdown import MAX_FILE_BYTES, ParseError, entry_id, extract_links, first_heading, parse_markdown
 from services.knowledge.ontology import Ontology
@@ -182,6 +182,7 @@ class Syncer:
         self.cache_root = Path(cache_root)
         self.on_enqueue = on_enqueue
         self._opened: list[GitSource] = []
+        self._job: Job | None = None
 
     async def run(self, job: Job) -> None:
         sync = await self.sql.one("SELECT * FROM knowledge_syncs WHERE organization_id = ?1 AND id = ?2", [job.target_id])
@@ -190,6 +191,13 @@ class Syncer:
         kb = await self.sql.one("SELECT * FROM knowledge_bases WHERE organization_id = ?1 AND id = ?2", [sync["kb_id"]])
         if kb is None:
             return
+        busy = await self.sql.one(  # another sync of this knowledge base holds a live lease (another process)
+            "SELECT s.id FROM knowledge_syncs s JOIN jobs j ON j.organization_id = s.organization_id AND j.kind = ?4 "
+            "AND j.target_id = s.id WHERE s.organization_id = ?1 AND s.kb_id = ?2 AND s.id != ?3 AND s.state = 'running' "
+            "AND j.state = 'pending' AND j.locked_until > ?5 LIMIT 1", [kb["id"], sync["id"], SYNC_JOB, now_ms()])
+        if busy is not None:
+            raise JobDeferred(f"sync {busy['id']} of this knowledge base is running")
+        self._job = job
         await flush_vector_gc(self.sql, self.vectors)
         await self.sql.execute("UPDATE knowledge_syncs SET state = 'running', started_at = COALESCE(started_at, ?3), "
                                "error = NULL WHERE organization_id = ?1 AND id = ?2", [sync["id"], now_ms()])
@@ -386,6 +394,8 @@ class Syncer:
             stmts.append(enqueue_kb_embed(self.sql, kb_id, now_ms()))
         await self.sql.batch(stmts)
         await flush_vector_gc(self.sql, self.vectors)
+        if self._job is not None:
+            await renew_lease(self.sql, self._job)
         if embed:
             self.on_enqueue()
 
@@ -426,14 +436,17 @@ class Syncer:
         return out
 
     async def _finish(self, kb: dict[str, Any], sync_id: str, plan: _Plan, fp: str) -> None:
-        kb_id, now = kb["id"], now_ms()
+        kb_id = kb["id"]
+        # two NOT EXISTS, one per index (by id, by title): an OR of the two compared every link with every entry
         unresolved = await self.sql.rows(
             "SELECT e.path AS path, l.target AS target FROM knowledge_links l JOIN knowledge_entries e "
             "ON e.organization_id = l.organization_id AND e.uid = l.source_uid WHERE l.organization_id = ?1 "
             "AND l.kb_id = ?2 AND NOT EXISTS (SELECT 1 FROM knowledge_entries t WHERE t.organization_id = ?1 "
-            "AND t.kb_id = ?2 AND (t.id = l.target COLLATE NOCASE OR t.title = l.target COLLATE NOCASE)) "
+            "AND t.kb_id = ?2 AND t.id = l.target COLLATE NOCASE) AND NOT EXISTS (SELECT 1 FROM knowledge_entries t "
+            "WHERE t.organization_id = ?1 AND t.kb_id = ?2 AND t.title = l.target COLLATE NOCASE) "
             "ORDER BY e.path, l.ordinal LIMIT ?3",
             [kb_id, UNRESOLVED_LIMIT])
+        now = now_ms()
         stmts = [self.sql.stmt("DELETE FROM knowledge_files WHERE organization_id = ?1 AND kb_id = ?2 AND outcome = 'marker' "
                                "AND path NOT IN (SELECT value FROM json_each(?3))", kb_id, json.dumps(sorted(plan.markers)))]
         stmts += [self.sql.stmt(
