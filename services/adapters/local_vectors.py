@@ -147,11 +147,29 @@ class LocalVectorIndex:
         self._write_lock = threading.RLock()  # writers, namespace loads, and every use of the connection
         self._ns_lock = threading.Lock()  # the namespace registry
         self._spaces: dict[str, Namespace] = {}
+        try:
+            self._connect()
+        except sqlite3.Error as exc:  # creating the file on a full disk: InsufficientStorage (the worker pauses)
+            full = storage_error(exc)
+            if full is not None:
+                raise full from None
+            raise
+        try:
+            self._open(reset_on_mismatch)
+        except BaseException as exc:
+            self._db.close()
+            full = storage_error(exc)
+            if full is not None:
+                raise full from None
+            raise
+
+    def _connect(self) -> None:
         if self.path is None:
             self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        else:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        try:
             # 16 KiB pages fit ~10 rows of 384 floats (4 KiB pages waste a quarter on 1.6 KiB rows): a ~20% smaller
             # file and ~2x faster namespace loads. Only takes effect when the file is created.
             self._db.execute("PRAGMA page_size = 16384")
@@ -159,8 +177,6 @@ class LocalVectorIndex:
             self._db.execute("PRAGMA synchronous = FULL")
             self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             self._db.execute("PRAGMA busy_timeout = 10000")
-        try:
-            self._open(reset_on_mismatch)
         except BaseException:
             self._db.close()
             raise

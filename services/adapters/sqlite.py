@@ -95,7 +95,13 @@ class SqliteDatabase:
         self.path = str(path)
         if not self.path.startswith("file:"):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._writer = _connect(self.path)
+        try:
+            self._writer = _connect(self.path)
+        except sqlite3.Error as exc:  # opening (creating) the file on a full disk: InsufficientStorage, as writes are
+            full = storage_error(exc)
+            if full is not None:
+                raise full from None
+            raise
         self._closed = False
         self._write_lock = threading.Lock()
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
