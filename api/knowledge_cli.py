@@ -231,11 +231,11 @@ class SyncWatch:
         return view
 
     async def _embedding_queued(self) -> bool:
-        from services.knowledge.bases import EMBED_KB_JOB
+        from services.search.indexing import KB_EMBED_JOB
 
         row = await self.knowledge.sql.one(
             "SELECT COUNT(*) AS n FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3 "
-            "AND state = 'pending'", [EMBED_KB_JOB, self.row["id"]])
+            "AND state = 'pending'", [KB_EMBED_JOB, self.row["id"]])
         return bool(row and row["n"])
 
 

@@ -1,6 +1,8 @@
 """Write-time decisions (memory-layer-lessons): the similarity bands, the model's answer validated, the
 fallbacks without a model, merge / replace ordering and history, contradiction links; in process, with a
-scripted embedder (exact similarities) and a scripted LLM (a test double of the LLM port)."""
+scripted embedder (exact similarities) and a scripted LLM (a test double of the LLM port). Every capture here waits
+for its decision (``wait=True``); the decisions the worker makes for captures that did not wait are
+tests/test_deferred_decisions.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from services.thoughts.decisions import Decisions, Similar, validate_answer
 from services.errors import BackendError
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ports import SqlDatabase, VectorIndex
-from services.search.recent_vectors import RecentVectors, cached_embed_handler
+from services.search.recent_vectors import RecentVectors
+from services.search.indexing import EmbedStage
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import EmbeddedOrgStores, OrgStore
 from services.thoughts.thoughts import Thoughts
@@ -59,7 +62,7 @@ class Env:
 
     async def existing(self, t: Thoughts, text: str = OLD, vector=None) -> str:
         self.emb.set(text, basis(0) if vector is None else vector)
-        res = await t.capture(text)
+        res = await t.capture(text, wait=True)
         assert res.created and res.decision.action == "created"
         await self.drain()
         return res.id
@@ -80,7 +83,7 @@ async def env(tmp_path):
     control, stores = await make_stores(tmp_path, emb)
     org = {o: await stores.open(o) for o in ("org_a", "org_b")}
     recent = RecentVectors()
-    worker = JobWorker(stores, emb, handlers={"embed": cached_embed_handler(recent), "enrich": _noop})
+    worker = JobWorker(stores, emb, handlers={"enrich": _noop}, stages={"embed": EmbedStage(recent=recent)})
     yield Env(control, stores, org, emb, recent, worker)
     await stores.close()
     await control.close()
@@ -93,7 +96,7 @@ async def test_near_identical_is_blocked_without_asking_the_model(env):
     t = env.thoughts(llm=llm)
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.97))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert (res.id, res.created) == (old, False)
     assert res.decision.action == "duplicate" and res.decision.related_id == old
     assert "similarity" in res.decision.reason and res.decision.similarity == pytest.approx(0.97, abs=1e-3)
@@ -104,7 +107,7 @@ async def test_identical_content_is_still_the_same_id_first(env):
     llm = ScriptedLLM()
     t = env.thoughts(llm=llm)
     old = await env.existing(t)
-    res = await t.capture(OLD)
+    res = await t.capture(OLD, wait=True)
     assert (res.id, res.created, res.decision.action, res.decision.reason) == (old, False, "duplicate", "identical content")
     assert llm.calls == [] and env.emb.embedded.count(OLD) == 1  # the hash answered: no embedding, no query
 
@@ -114,7 +117,7 @@ async def test_flag_band_contradiction_links_both(env):
     t = env.thoughts(llm=llm)
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "contradiction" and res.decision.related_id == old
     assert res.decision.reason == "the city differs"
     # the combined prompt of the seed, with the candidate offered under a short id
@@ -137,7 +140,7 @@ async def test_flag_band_replace_moves_the_old_one_to_history(env):
     old_chunks = [c.id for c in (await t.get(old)).chunks]
     assert await env.index.get_by_ids([f"org_a:{c}" for c in old_chunks])
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "replaced" and res.decision.related_id == old
     assert await env.docs() == [NEW]
     assert await env.count("SELECT COUNT(*) AS n FROM chunks WHERE parent_id = ?", old) == 0
@@ -145,7 +148,7 @@ async def test_flag_band_replace_moves_the_old_one_to_history(env):
     detail = await t.get(res.id)
     assert [(h.original_id, h.action, h.content) for h in detail.history] == [(old, "replaced", OLD)]
     # the repeated capture of the replaced content answers with the replacement, not a second round
-    again = await t.capture(OLD)
+    again = await t.capture(OLD, wait=True)
     assert (again.id, again.created, again.decision.action) == (res.id, False, "duplicate")
     assert "replaced by" in again.decision.reason and len(llm.calls) == 1
 
@@ -156,7 +159,7 @@ async def test_flag_band_merge_keeps_both_originals_in_history_and_restores(env)
     t = env.thoughts(llm=llm)
     old_id = [await env.existing(t)]
     env.emb.set(NEW, near(0, 1, 0.88))
-    res = await t.capture(NEW, source="chat", metadata={"k": 1})
+    res = await t.capture(NEW, source="chat", metadata={"k": 1}, wait=True)
     assert res.created and res.decision.action == "merged" and res.decision.related_id == old_id[0]
     detail = await t.get(res.id)
     assert detail.content.startswith("The team offsite: Porto") and detail.source == "chat"
@@ -184,7 +187,7 @@ async def test_candidate_band_asks_only_about_contradiction(env):
     t = env.thoughts(llm=llm)
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.6))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.decision.action == "contradiction" and res.decision.related_id == old
     assert "Prioritise" not in llm.prompt and "DIRECTLY CONFLICT" in llm.prompt
     assert llm.calls[0]["schema"]["properties"]["action"]["enum"] == ["contradiction", "keep_both"]
@@ -192,7 +195,7 @@ async def test_candidate_band_asks_only_about_contradiction(env):
     llm.then({"action": "merge", "target_id": "m1", "merged_content": "x"})
     third = "The offsite budget is per person."
     env.emb.set(third, near(0, 2, 0.5))
-    res = await t.capture(third)
+    res = await t.capture(third, wait=True)
     assert res.created and res.decision.action == "kept_both" and "not allowed" in res.decision.reason
     assert len(await env.docs()) == 3
 
@@ -202,7 +205,7 @@ async def test_below_the_candidate_band_no_model_is_asked(env):
     t = env.thoughts(llm=llm)
     await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.3))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "created" and res.decision.related_id is None
     assert llm.calls == []
 
@@ -228,7 +231,7 @@ async def test_invalid_model_answers_keep_both(env, answer):
     t = env.thoughts(llm=llm)
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "kept_both" and res.decision.related_id == old
     assert res.decision.reason
     assert await env.docs() == [OLD, NEW] and (await t.get(old)).history == []
@@ -259,7 +262,7 @@ async def test_without_a_model(env, cos, action):
     t = env.thoughts(llm=None)
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, cos))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.decision.action == action
     assert res.created == (action != "duplicate")
     if action in ("duplicate", "flagged"):
@@ -272,18 +275,18 @@ async def test_over_budget_behaves_as_without_a_model(env):
     t = env.thoughts(llm=BudgetedLLM(inner, sql, LLMBudget(calls_per_day=0, tokens_per_day=0)))
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "flagged" and res.decision.related_id == old
     assert "budget" in res.decision.reason and inner.calls == []
     env.emb.set("A third one.", near(0, 2, 0.6))
-    assert (await t.capture("A third one.")).decision.action == "created"
+    assert (await t.capture("A third one.", wait=True)).decision.action == "created"
 
 
 async def test_a_changed_number_is_never_blocked_as_a_duplicate(env):
     t = env.thoughts(llm=None)
     old = await env.existing(t, "The standup is at 9:30 every day.")
     env.emb.set("The standup is at 10:30 every day.", near(0, 1, 0.97))
-    res = await t.capture("The standup is at 10:30 every day.")
+    res = await t.capture("The standup is at 10:30 every day.", wait=True)
     assert res.created and res.decision.action == "flagged" and res.decision.related_id == old
 
 
@@ -298,7 +301,7 @@ async def test_a_long_thought_matching_on_its_first_chunk_is_not_blocked(env):
     pieces = chunk_text(long, count_tokens=env.emb.count_tokens, max_tokens=mt, overlap_tokens=ov)
     assert len(pieces) > 1
     env.emb.set(pieces[0], near(0, 1, 0.99))
-    res = await t.capture(long)
+    res = await t.capture(long, wait=True)
     assert res.created and res.decision.action == "flagged" and res.decision.related_id == old
 
 
@@ -326,7 +329,7 @@ async def test_replace_writes_the_new_thought_before_removing_the_old(env):
                                                         llm=ScriptedLLM({"action": "replace", "target_id": "m1"})))
     await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    await t.capture(NEW)
+    await t.capture(NEW, wait=True)
     assert order == [("vectors deleted", [NEW])]  # rows of the old one gone, new one present, then vectors
 
 
@@ -353,7 +356,7 @@ async def test_a_failed_new_write_leaves_the_old_thought_intact(env):
     env.emb.set(NEW, near(0, 1, 0.9))
     fdb.fail = True
     with pytest.raises(BackendError):
-        await t.capture(NEW)
+        await t.capture(NEW, wait=True)
     assert await env.docs() == [OLD]
     assert (await t.get(old)).indexing.state == "indexed"
     assert len(await env.index.get_by_ids([f"org_a:{c}" for c in chunks])) == len(chunks)
@@ -368,30 +371,30 @@ async def test_candidates_never_come_from_another_organization(env):
     theirs = await env.existing(b)
     a = env.thoughts("org_a", llm=llm)
     env.emb.set(NEW, near(0, 1, 0.97))
-    res = await a.capture(NEW)
+    res = await a.capture(NEW, wait=True)
     assert res.created and res.decision.action == "created" and llm.calls == []
     env.emb.set("Lisbon again.", near(0, 1, 0.9))
-    assert (await a.capture("Lisbon again.")).decision.related_id == res.id  # its own, not org_b's
+    assert (await a.capture("Lisbon again.", wait=True)).decision.related_id == res.id  # its own, not org_b's
     assert await env.docs("org_b") == [OLD] and (await b.get(theirs)).history == []
 
 
 async def test_a_thought_not_yet_in_the_index_is_still_a_candidate(env):
     t = env.thoughts(llm=None)
     env.emb.set(OLD, basis(0))
-    first = await t.capture(OLD)  # not drained: no vector in the index yet
+    first = await t.capture(OLD, wait=True)  # not drained: no vector in the index yet
     env.emb.set(NEW, near(0, 1, 0.97))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.decision.action == "duplicate" and res.id == first.id
     # without the recent vectors the gap shows: the index alone cannot see it yet
     blind = env.thoughts(llm=None, recent=False)
     env.emb.set("Same again.", near(0, 2, 0.97))
-    assert (await blind.capture("Same again.")).decision.action == "created"
+    assert (await blind.capture("Same again.", wait=True)).decision.action == "created"
 
 
 async def test_the_capture_embedding_is_reused_by_the_job(env):
     t = env.thoughts(llm=None)
     env.emb.set(OLD, basis(0))
-    res = await t.capture(OLD)
+    res = await t.capture(OLD, wait=True)
     assert env.emb.embedded == [OLD]
     await env.drain()
     assert env.emb.embedded == [OLD]  # the job took the vector computed at capture
@@ -404,7 +407,7 @@ async def test_plain_write_without_decisions(env):
     t = env.thoughts(decide=False)
     await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.99))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "created"
 
 
@@ -414,7 +417,7 @@ async def test_history_is_kept_after_the_canonical_thought_is_deleted_until_purg
     t = env.thoughts(llm=ScriptedLLM({"action": "replace", "target_id": "m1"}))
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     await t.delete(res.id)
     hist = await t.history.list(res.id)
     assert [h.original_id for h in hist.entries] == [old]
@@ -431,10 +434,10 @@ async def test_chained_supersessions_keep_every_original_under_the_newest(env):
     t = env.thoughts(llm=llm)
     await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    second = await t.capture(NEW)
+    second = await t.capture(NEW, wait=True)
     third_text = "The team offsite is cancelled this year."
     env.emb.set(third_text, 0.9 * near(0, 1, 0.9) + 0.43589 * basis(2))  # 0.9 from the second
-    third = await t.capture(third_text)
+    third = await t.capture(third_text, wait=True)
     assert third.decision.action == "replaced" and third.decision.related_id == second.id
     contents = [h.content for h in (await t.history.list(third.id)).entries]
     assert sorted(contents) == sorted([OLD, NEW])
@@ -460,7 +463,7 @@ async def test_a_failed_move_to_history_keeps_everything(env, action):
     t = Thoughts(sql, vec, env.emb, decisions=Decisions(sql, vec, env.emb, llm=ScriptedLLM(answer)))
     old = await env.existing(t)
     env.emb.set(NEW, near(0, 1, 0.9))
-    res = await t.capture(NEW)
+    res = await t.capture(NEW, wait=True)
     assert res.created and res.decision.action == "kept_both" and "failed" in res.decision.reason
     assert (await t.get(old)).content == OLD
     assert NEW in await env.docs() and OLD in await env.docs()
@@ -486,12 +489,12 @@ async def test_lexical_gate_skips_the_model_only_when_nothing_could_be_close(tmp
     store = await stores.open("org_g")
     sql, vec = store.sql, store.vectors
     t = Thoughts(sql, vec, emb, decisions=Decisions(sql, vec, emb, lexical_gate=True))
-    first = await t.capture("The quarterly planning offsite moves to the Lisbon office in March.")
+    first = await t.capture("The quarterly planning offsite moves to the Lisbon office in March.", wait=True)
     await JobWorker(stores, emb, handlers=job_handlers()).drain()
     before = CountingEmbedder.calls
-    novel = await t.capture("Sourdough starters need feeding twice daily with rye flour.")
+    novel = await t.capture("Sourdough starters need feeding twice daily with rye flour.", wait=True)
     assert novel.decision.action == "created" and CountingEmbedder.calls == before  # no model run on the request path
-    near = await t.capture("The quarterly planning offsite moves to the Lisbon office in March!")
+    near = await t.capture("The quarterly planning offsite moves to the Lisbon office in March!", wait=True)
     assert CountingEmbedder.calls > before
     assert near.decision.action in ("duplicate", "flagged") and near.decision.related_id == first.id
     await stores.close()

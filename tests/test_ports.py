@@ -24,7 +24,6 @@ from services.conversations.search import ConversationHydrator
 from services.errors import InvalidInput
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ports import LLM, Embedder, Reranker, SqlDatabase, Vector, VectorIndex, missing_members, require
-from services.search.recent_vectors import OrgCachedEmbedder, RecentVectors
 from services.storage.scoped import OrgSql
 from services.search.search import Hydrator
 from services.thoughts.hydrator import ThoughtHydrator, hydrate_thoughts
@@ -67,7 +66,6 @@ async def adapters(tmp_path, api):
         ("HashEmbedder", hash_emb, Embedder),
         ("OnnxMiniLMEmbedder", OnnxMiniLMEmbedder(), Embedder),
         ("WorkersAIEmbedder", WorkersAIEmbedder(api), Embedder),
-        ("OrgCachedEmbedder", OrgCachedEmbedder(hash_emb, RecentVectors(), "org_a"), Embedder),
         ("ScriptedEmbedder (test double)", ScriptedEmbedder(), Embedder),
         ("WorkersAILLM", chat_llm, LLM),
         ("OpenAICompatibleLLM", openai_llm, LLM),

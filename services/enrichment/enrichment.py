@@ -38,11 +38,13 @@ from services.enrichment.tagging import (
     SUMMARY_MAX, canonical_tags, clip, extractive_summary, heuristic_importance, keyphrase_tags,
 )
 from services.ids import now_ms
+from services.jobs.worker import Collected, Job, settle_jobs
 from services.ports import ChatMessage, Statement
 from services.search.indexing import chunk_metadata, drop_vanished
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = [
+    "EnrichStage",
     "ENRICH_JOB",
     "ENRICH_SCHEMA",
     "EnrichmentConfig",
@@ -234,15 +236,16 @@ class Enricher:
             ),
         ]
 
-    async def persist_many(self, items: Sequence[tuple[str, Enrichment]]) -> None:
-        """Write enrichments (one batch) and bring the already-written vectors' tags up to date."""
-        if not items:
+    async def persist_many(self, items: Sequence[tuple[str, Enrichment]], extra: Sequence[Statement] = ()) -> None:
+        """Write enrichments (one batch, ``extra`` statements at its end: the worker settling its jobs) and bring the
+        already-written vectors' tags up to date."""
+        if not items and not extra:
             return
         now = now_ms()
         stmts: list[Statement] = []
         for doc_id, e in items:
             stmts += self._persist_stmts(doc_id, e, now)
-        results = await self.sql.batch(stmts)
+        results = await self.sql.batch([*stmts, *extra])
         retag: list[tuple[dict, list[str]]] = []
         for i, (_, e) in enumerate(items):
             if results[2 * i].changes:
@@ -307,6 +310,36 @@ class Enricher:
         e = await self.compute(doc["content"], self._vocab(vocab_res.rows))
         await self.persist_many([(doc_id, e)])
         return e
+
+class EnrichStage:
+    """The worker's enrichment stage (services.jobs.worker.Stage) for ``enrich`` jobs: one read of the round's
+    thoughts and the organization's vocabulary, each thought enriched (a tag coined for one is offered to the next),
+    and one batch that stores every result and settles the jobs. It embeds nothing; it runs before the embedding
+    stage of the same round, so a thought's vectors are written with its tags."""
+
+    def __init__(self, factory: Callable[[OrgSql, OrgVectors | None], Enricher]) -> None:
+        self.factory = factory
+
+    async def collect(self, sql: OrgSql, jobs: list[Job], capacity: int) -> Collected:
+        enricher = self.factory(sql, None)
+        docs, vocab = await sql.batch([
+            sql.stmt("SELECT id, content, enrichment_state FROM documents WHERE organization_id = ?1 "
+                     "AND id IN (SELECT value FROM json_each(?2))", json.dumps([j.target_id for j in jobs])),
+            enricher._vocab_stmt()])
+        coined: dict[str, int] = {}
+        items = []
+        for d in docs.rows:
+            if d["enrichment_state"] is not None:
+                continue
+            e = await enricher.compute(d["content"], enricher._vocab(vocab.rows, coined))
+            items.append((d["id"], e))
+            for tag in e.tags:
+                coined[tag] = coined.get(tag, 0) + 1
+        return Collected(texts=[], done=list(jobs), later=[], state=items)
+
+    async def finish(self, sql: OrgSql, vectors: OrgVectors, collected: Collected, values: Any) -> None:
+        await self.factory(sql, vectors).persist_many(collected.state, extra=settle_jobs(sql, collected))
+
 
 def enrich_job_handler(factory: Callable[[OrgSql, OrgVectors], Enricher]) -> Callable[..., Awaitable[None]]:
     """The job worker's handler for ``enrich`` jobs (``factory`` makes the organization's ``Enricher``)."""

@@ -21,18 +21,26 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
 
 from services.errors import InsufficientStorage, NotFound
 from services.ids import now_ms
-from services.ports import Embedder
+from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import OrgStores
 
-__all__ = ["Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS"]
+__all__ = ["Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS", "Stage", "Collected",
+           "settle_jobs", "ROUND_TEXTS", "ORG_TEXTS"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 8
+#: Texts one round embeds at most (one model call), and at most per organization (so one organization's import
+#: leaves room for the others' captures in the same call).
+ROUND_TEXTS = 256
+ORG_TEXTS = 128
 #: While the disk is full the worker probes again after 0.5 s, doubling up to this.
 PAUSE_MAX_SECONDS = 5.0
 
@@ -58,6 +66,45 @@ class JobDeferred(Exception):
         self.delay_ms = delay_ms
 
 
+@dataclass
+class Collected:
+    """What a stage gathered for one organization's jobs of a round: the texts the model must embed (possibly none),
+    the jobs whose work is all in hand (``done``) and those left for a later round (``later``: released, their attempt
+    not counted), plus the stage's own state for ``finish``."""
+
+    texts: list[str]
+    done: list[Job]
+    later: list[Job]
+    state: Any = None
+
+
+class Stage(Protocol):
+    """Jobs of one kind run together, across organizations: every organization's share is collected, the texts of
+    all of them are embedded in one model call (length-sorted by the embedder), then each organization's share is
+    finished (one vector upsert, one SQL batch that also deletes its done jobs and releases the others)."""
+
+    async def collect(self, sql: OrgSql, jobs: list[Job], capacity: int) -> Collected:
+        """Gather the work of ``jobs``, at most ``capacity`` texts to embed."""
+        ...
+
+    async def finish(self, sql: OrgSql, vectors: OrgVectors, collected: Collected, values: np.ndarray) -> None:
+        """Write the results (``values``: one row per collected text) and settle the jobs."""
+        ...
+
+
+def settle_jobs(sql: OrgSql, collected: Collected) -> list[Statement]:
+    """The statements that end a stage's round for its jobs: the done ones deleted, the others released."""
+    out = []
+    if collected.done:
+        out.append(sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
+                            json.dumps([j.id for j in collected.done])))
+    if collected.later:
+        out.append(sql.stmt(
+            "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
+            "AND id IN (SELECT value FROM json_each(?2))", json.dumps([j.id for j in collected.later])))
+    return out
+
+
 async def renew_lease(sql: OrgSql, job: Job) -> None:
     """Extend a long job's lease (a knowledge sync between two batches), so no other worker claims it meanwhile."""
     await sql.execute("UPDATE jobs SET locked_until = ?3 WHERE organization_id = ?1 AND id = ?2",
@@ -78,15 +125,18 @@ class JobWorker:
         embedder: Embedder,
         *,
         handlers: dict[str, Handler],
+        stages: dict[str, Stage] | None = None,
         poll_seconds: float = 1.0,
         max_idle_seconds: float = 30.0,
-        batch: int = 16,
+        batch: int = 64,
         async_index: bool = False,
     ) -> None:
         self.stores = stores
         self.embedder = embedder
         #: Job kind -> what runs it (``handler(sql, vectors, embedder, job)``).
         self.handlers: dict[str, Handler] = dict(handlers)
+        #: Job kind -> the stage that runs its jobs together, across organizations (embedding, enrichment).
+        self.stages: dict[str, Stage] = dict(stages or {})
         self.poll_seconds = poll_seconds
         self.batch = batch
         self._wake = asyncio.Event()
@@ -278,12 +328,15 @@ class JobWorker:
         return sorted((Job(**r) for r in rows), key=lambda j: j.id)
 
     async def run_once(self) -> int:
-        """One round: one batch from each organization with ready jobs; returns how many jobs it ran."""
+        """One round: one batch from each organization with ready jobs; returns how many jobs it ran. Jobs of a kind
+        with a stage run together after every organization has been claimed from: one model call for the round."""
         self._busy += 1
         try:
             now = now_ms()
             ready = sorted((due, org) for org, due in self._due.items() if due <= now)
             ran = 0
+            staged: dict[str, dict[str, list[Job]]] = {}  # kind -> organization -> its jobs of that kind
+            claimed: dict[str, tuple[int, int]] = {}  # organization -> (jobs claimed, wakes before the claim)
             for _, org_id in ready:
                 if self._stopping:
                     break
@@ -298,34 +351,105 @@ class JobWorker:
                 except InsufficientStorage as exc:
                     self._pause(org_id, exc, [])
                     continue
-                paused = False
-                for i, job in enumerate(jobs):
-                    try:
-                        await self._run(job)
-                    except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
-                        self._pause(org_id, exc, jobs[i:])
-                        ran += i
-                        paused = True
-                        break
-                if paused:
+                single = [j for j in jobs if j.kind not in self.stages]
+                for job in jobs:
+                    if job.kind in self.stages:
+                        staged.setdefault(job.kind, {}).setdefault(org_id, []).append(job)
+                done = await self._run_single(org_id, single)
+                ran += done
+                if done < len(single):
+                    continue  # paused: out of space
+                claimed[org_id] = (len(jobs), wakes)
+            released: set[str] = set()
+            for kind in [k for k in self.stages if k in staged]:  # in registration order: enrichment, then embedding
+                parts = staged[kind]
+                got, later = await self._run_stage(kind, [(o, js) for o, js in parts.items() if o not in self._full])
+                ran += got
+                released |= later
+            for org_id, (count, wakes) in claimed.items():
+                if org_id in self._full:
                     continue
-                ran += len(jobs)
-                if self._async_index and jobs:
+                if self._async_index and count:
                     self._unconfirmed.add(org_id)
-                if len(jobs) < self.batch and self._wakes.get(org_id, 0) == wakes:
+                if org_id in released:
+                    self._due[org_id] = 0  # a stage left work for the next round
+                elif count < self.batch and self._wakes.get(org_id, 0) == wakes:
                     # Nothing more is ready. What is left is retries this process scheduled (known without a
                     # query: on D1 each query is an API request); leases of a crashed instance are found by
                     # the start-up scan.
                     # A retry is kept until its time has come and gone (a wake in between must not drop it).
-                    later = sorted(at for at in self._retry_at.pop(org_id, []) if at > now)
-                    if later:
-                        self._retry_at[org_id] = later
-                        self._due[org_id] = later[0]
+                    later_retries = sorted(at for at in self._retry_at.pop(org_id, []) if at > now)
+                    if later_retries:
+                        self._retry_at[org_id] = later_retries
+                        self._due[org_id] = later_retries[0]
                     else:
                         self._due.pop(org_id, None)
             return ran
         finally:
             self._busy -= 1
+
+    async def _run_single(self, org_id: str, jobs: list[Job]) -> int:
+        """Run jobs one by one; returns how many ran (fewer when the organization ran out of space)."""
+        for i, job in enumerate(jobs):
+            try:
+                await self._run(job)
+            except InsufficientStorage as exc:  # this job and the rest wait for space, uncounted
+                self._pause(org_id, exc, jobs[i:])
+                return i
+        return len(jobs)
+
+    async def _run_stage(self, kind: str, parts: list[tuple[str, list[Job]]]) -> tuple[int, set[str]]:
+        """Collect every organization's share, embed all their texts in one call, finish each share. Returns (jobs
+        done, plus one when texts were embedded: progress even before a job completes; organizations with jobs left
+        for a later round). A failure fails only the share it happened in (its
+        jobs retried with backoff); a failing model call fails the round's jobs."""
+        stage = self.stages[kind]
+        shares: list[tuple[str, Any, Collected]] = []
+        room = ROUND_TEXTS
+        for org_id, jobs in parts:
+            try:
+                store = await self.stores.open(org_id)
+                collected = await stage.collect(store.sql, jobs, max(0, min(ORG_TEXTS, room)))
+            except InsufficientStorage as exc:
+                self._pause(org_id, exc, jobs)
+                continue
+            except Exception as exc:
+                await self._fail_all(org_id, jobs, exc)
+                continue
+            room -= len(collected.texts)
+            shares.append((org_id, store, collected))
+        texts = [t for _, _, c in shares for t in c.texts]
+        try:
+            values = await self.embedder.embed(texts) if texts else np.zeros((0, self.embedder.dimensions), np.float32)
+        except Exception as exc:
+            for org_id, _, c in shares:
+                await self._fail_all(org_id, c.done + c.later, exc)
+            return 0, set()
+        done, later, at = (1 if texts else 0), set(), 0  # embedding texts is progress, even with no job done yet
+        for org_id, store, collected in shares:
+            mine = values[at:at + len(collected.texts)]
+            at += len(collected.texts)
+            try:
+                await stage.finish(store.sql, store.vectors, collected, mine)
+            except InsufficientStorage as exc:
+                self._pause(org_id, exc, collected.done + collected.later)
+                continue
+            except Exception as exc:
+                await self._fail_all(org_id, collected.done + collected.later, exc)
+                continue
+            self.processed += len(collected.done)
+            done += len(collected.done)
+            if collected.later:
+                later.add(org_id)
+        return done, later
+
+    async def _fail_all(self, org_id: str, jobs: list[Job], exc: BaseException) -> None:
+        try:
+            sql = (await self.stores.open(org_id)).sql
+            for job in jobs:
+                await self._failed(sql, job, exc)
+        except Exception:
+            log.exception("recording the failure of %s jobs of %s failed", len(jobs), org_id)
 
     @property
     def busy(self) -> bool:
@@ -352,22 +476,26 @@ class JobWorker:
                 "WHERE organization_id = ?1 AND id = ?2", [job.id, at])
             return
         except Exception as exc:
-            self.failed += 1
-            final = job.attempts >= MAX_ATTEMPTS
-            # one time for both: the retry this process schedules must not fall before the row's run_after, or the
-            # round at that time finds nothing ready and forgets the organization (the job then waits for a restart)
-            at = now_ms() + min(300_000, 500 * 2 ** job.attempts)
-            if not final:
-                self._retry_at.setdefault(job.organization_id, []).append(at)
-            log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
-            await sql.execute(
-                "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
-                "WHERE organization_id = ?1 AND id = ?2",
-                [job.id, "failed" if final else "pending", at, str(exc)[:500]],
-            )
+            await self._failed(sql, job, exc)
             return
         self.processed += 1
         await sql.execute("DELETE FROM jobs WHERE organization_id = ?1 AND id = ?2", [job.id])
+
+    async def _failed(self, sql: OrgSql, job: Job, exc: BaseException) -> None:
+        """Record a failed attempt: retried with backoff, failed for good after MAX_ATTEMPTS."""
+        self.failed += 1
+        final = job.attempts >= MAX_ATTEMPTS
+        # one time for both: the retry this process schedules must not fall before the row's run_after, or the
+        # round at that time finds nothing ready and forgets the organization (the job then waits for a restart)
+        at = now_ms() + min(300_000, 500 * 2 ** job.attempts)
+        if not final:
+            self._retry_at.setdefault(job.organization_id, []).append(at)
+        log.warning("job %s (%s) failed (attempt %s): %s", job.id, job.kind, job.attempts, exc)
+        await sql.execute(
+            "UPDATE jobs SET state = ?3, run_after = ?4, locked_until = NULL, last_error = ?5 "
+            "WHERE organization_id = ?1 AND id = ?2",
+            [job.id, "failed" if final else "pending", at, str(exc)[:500]],
+        )
 
     async def confirm_mutations(self) -> int:
         """Mark chunks searchable whose vector mutation the index has applied. Mutations apply in order, so

@@ -27,15 +27,15 @@ from services.knowledge.ontology import Ontology
 from services.knowledge.markdown import MAX_FILE_BYTES
 from services.knowledge.archive import read_archive
 from services.knowledge.paths import DEFAULT_EXCLUDE, DEFAULT_INCLUDE, check_globs, excluded, is_marker, selected
+from services.search.indexing import KB_EMBED_JOB
 from services.storage.scoped import OrgSql
 from services.knowledge.gitsource import check_source_url
 
-__all__ = ["KnowledgeBases", "SourcePolicy", "SYNC_JOB", "EMBED_KB_JOB", "VISIBILITIES", "TIERS", "TIER_LEVEL",
+__all__ = ["KnowledgeBases", "SourcePolicy", "SYNC_JOB", "VISIBILITIES", "TIERS", "TIER_LEVEL",
            "SLUG", "enqueue_sync"]
 
 #: The job that runs a sync (target: the sync id) and the one that embeds pending knowledge chunks (target '*').
 SYNC_JOB = "kb_sync"
-EMBED_KB_JOB = "kb_embed"
 VISIBILITIES = ("private", "open", "public", "members")
 TIERS = ("open", "public", "members")
 TIER_LEVEL = {"open": 0, "public": 1, "members": 2}
@@ -249,7 +249,7 @@ class KnowledgeBases:
         await self.sql.batch([
             self.sql.stmt(f"DELETE FROM jobs WHERE organization_id = ?1 AND kind = '{SYNC_JOB}' AND target_id IN {syncs}",
                           kb_id),
-            self.sql.stmt(f"DELETE FROM jobs WHERE organization_id = ?1 AND kind = '{EMBED_KB_JOB}' AND target_id = ?2",
+            self.sql.stmt(f"DELETE FROM jobs WHERE organization_id = ?1 AND kind = '{KB_EMBED_JOB}' AND target_id = ?2",
                           kb_id),
             self.sql.stmt(f"DELETE FROM knowledge_uploads WHERE organization_id = ?1 AND sync_id IN {syncs}", kb_id),
             self.sql.stmt(f"DELETE FROM knowledge_sync_files WHERE organization_id = ?1 AND sync_id IN {syncs}", kb_id),

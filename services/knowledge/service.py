@@ -14,12 +14,12 @@ from services.jobs.worker import Job
 from services.knowledge.bases import KnowledgeBases, SourcePolicy
 from services.knowledge.entries import KnowledgeReader
 from services.knowledge.search import KnowledgeSearch
-from services.knowledge.sync import Syncer, cache_dir_for, embed_knowledge, flush_vector_gc
+from services.knowledge.sync import Syncer, cache_dir_for, flush_vector_gc
 from services.ports import Embedder, Reranker
 from services.search.ranking import RerankCache
 from services.storage.scoped import OrgSql, OrgVectors
 
-__all__ = ["Knowledge", "KnowledgeConfig", "sync_job_handler", "embed_job_handler"]
+__all__ = ["Knowledge", "KnowledgeConfig", "sync_job_handler"]
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,5 @@ def sync_job_handler(config: KnowledgeConfig, wake: Callable[[str], None]):
     async def handler(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
         await Syncer(sql, vectors, embedder, cache_root=config.cache_root,
                      on_enqueue=lambda: wake(sql.org_id)).run(job)
-
-    return handler
-
-
-def embed_job_handler(wake: Callable[[str], None]):
-    """The ``kb_embed`` job handler."""
-
-    async def handler(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
-        await embed_knowledge(sql, vectors, embedder, job, on_enqueue=lambda: wake(sql.org_id))
 
     return handler

@@ -19,8 +19,9 @@ It works out what changed, then applies it in batches, each one atomic (one ``sq
 * **Applying.** Deletions first (so a rename frees its id), then the changed files, each batch recording every
   file's outcome in ``knowledge_sync_files``. A sync interrupted by a crash is claimed again by the worker and goes
   on from the files it has not recorded, with the same target commit: it converges to the same state.
-* Chunks are keyword-searchable as soon as their batch commits; the embedding job (``EMBED_KB_JOB``) embeds a
-  knowledge base's pending chunks across entries, shortest first, in batches of the model's size. A removed chunk's
+* Chunks are keyword-searchable as soon as their batch commits; the embedding job (``KB_EMBED_JOB``, run by the
+  worker's embedding stage, services.search.indexing.EmbedStage) embeds a knowledge base's pending chunks across
+  entries, shortest first, with every other organization's chunks of the round in one model call. A removed chunk's
   vector is deleted after its row, through ``vector_gc`` (migration 0002): no vector outlives its rows.
 """
 
@@ -32,7 +33,6 @@ import hashlib
 import json
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,17 +41,17 @@ from typing import Any
 from services.errors import InsufficientStorage
 from services.ids import new_id, now_ms
 from services.jobs.worker import Job, JobDeferred, renew_lease
-from services.knowledge.bases import EMBED_KB_JOB, SYNC_JOB
+from services.knowledge.bases import SYNC_JOB
+from services.search.indexing import KB_EMBED_JOB
 from services.knowledge.gitsource import GitSource, SourceError
 from services.knowledge.markdown import MAX_FILE_BYTES, ParseError, entry_id, extract_links, first_heading, parse_markdown
 from services.knowledge.ontology import Ontology
 from services.knowledge.paths import excluded, is_marker, release_of, selected
 from services.ports import Embedder, Statement
-from services.search.indexing import CHUNK_ROWS, EMBED_BATCH, embed_rows
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.chunking import chunk_text, default_chunk_params
 
-__all__ = ["Syncer", "Prepared", "prepare", "fingerprint", "flush_vector_gc", "embed_knowledge",
+__all__ = ["Syncer", "Prepared", "prepare", "fingerprint", "flush_vector_gc",
            "enqueue_kb_embed", "cache_dir_for"]
 
 log = logging.getLogger("memex.knowledge")
@@ -63,10 +63,6 @@ BATCH_BYTES = 2 * 1024 * 1024
 SOURCE_ATTEMPTS = 3
 #: Any other error: the job is retried (worker backoff) this many times before the sync is marked failed.
 SYNC_ATTEMPTS = 5
-#: Seconds one run of the embedding job works before it hands over (re-queues itself): well inside a job's lease.
-EMBED_SLICE_SECONDS = 20.0
-#: Pending chunks read per round of the embedding job (sorted by length, embedded EMBED_BATCH at a time).
-EMBED_ROUND = 4 * EMBED_BATCH
 UNRESOLVED_LIMIT = 1000
 #: Network timeout of a git fetch (seconds).
 GIT_TIMEOUT_SECONDS = 60.0
@@ -511,25 +507,4 @@ def enqueue_kb_embed(sql: OrgSql, kb_id: str, now: int) -> Statement:
         "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) SELECT ?1, ?2, ?3, ?4, ?4 "
         "WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE organization_id = ?1 AND kind = ?2 AND target_id = ?3 "
         "AND state = 'pending' AND locked_until IS NULL) "
-        "AND EXISTS (SELECT 1 FROM knowledge_bases WHERE organization_id = ?1 AND id = ?3)", EMBED_KB_JOB, kb_id, now)
-
-
-async def embed_knowledge(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job,
-                          on_enqueue: Callable[[], None] = lambda: None) -> None:
-    """The ``kb_embed`` job: embed a knowledge base's pending chunks, shortest first (little padding per model
-    call), ``EMBED_BATCH`` per call; after ``EMBED_SLICE_SECONDS`` it queues itself again and returns."""
-    deadline = time.monotonic() + EMBED_SLICE_SECONDS
-    while True:
-        rows = await sql.rows(
-            CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.kind = 'knowledge' AND c.indexed_at IS NULL AND e.kb_id = ?2 "
-            "ORDER BY c.token_count, c.pk LIMIT ?3", [job.target_id, EMBED_ROUND])
-        for i in range(0, len(rows), EMBED_BATCH):
-            await embed_rows(sql, vectors, embedder, rows[i:i + EMBED_BATCH])
-        if len(rows) < EMBED_ROUND:
-            return
-        if time.monotonic() > deadline:
-            await sql.execute(
-                "INSERT INTO jobs (organization_id, kind, target_id, run_after, created_at) VALUES (?1, ?2, ?3, ?4, ?4)",
-                [EMBED_KB_JOB, job.target_id, now_ms()])
-            on_enqueue()
-            return
+        "AND EXISTS (SELECT 1 FROM knowledge_bases WHERE organization_id = ?1 AND id = ?3)", KB_EMBED_JOB, kb_id, now)

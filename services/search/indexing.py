@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import json
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
 from services.ids import now_ms
-from services.jobs.worker import Job
+from services.jobs.worker import Collected, Job, settle_jobs
 from services.ports import Embedder, Statement, VectorIndex
 from services.storage.scoped import OrgSql, OrgVectors
 
-__all__ = ["EMBED_JOB", "CHUNK_ROWS", "KNOWLEDGE_FIELDS", "enqueue_embed", "embed_parent", "embed_rows", "chunk_metadata",
+__all__ = ["EMBED_JOB", "KB_EMBED_JOB", "EmbedStage", "BeforeUpsert", "CHUNK_ROWS", "KNOWLEDGE_FIELDS", "enqueue_embed",
+           "embed_parent", "chunk_metadata",
            "drop_vanished", "reconcile_org"]
 
-#: The job kind that embeds a parent's pending chunks.
+#: The job kind that embeds a parent's pending chunks, and the one that embeds a knowledge base's.
 EMBED_JOB = "embed"
+KB_EMBED_JOB = "kb_embed"
 #: Chunks embedded per model call (and per upsert).
 EMBED_BATCH = 64
 #: What every writer of a chunk's vector reads: the chunk, its thought's tags, and a knowledge entry's filterable
@@ -56,49 +64,31 @@ def enqueue_embed(sql: OrgSql, parent_id: str, now: int, *, only_if_parent_in: s
 
 
 async def embed_parent(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, job: Job) -> None:
-    """Embed every pending chunk of one parent (thought or conversation) and index it."""
+    """Embed every pending chunk of one parent (thought or conversation) and index it: the embedding stage on one
+    job (a worker without stages, ``memex`` one-shots)."""
+    stage = EmbedStage()
     while True:
-        rows = await sql.rows(  # with the parent thought's tags, for the vector metadata
-            CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.parent_id = ?2 AND c.indexed_at IS NULL "
-            "ORDER BY c.ordinal LIMIT ?3",
-            [job.target_id, EMBED_BATCH],
-        )
-        if not rows:
+        collected = await stage.collect(sql, [job], EMBED_BATCH)
+        if not collected.state.rows:
             return
-        values = await embed_rows(sql, vectors, embedder, rows)
-        if any(r["kind"] == "thought" and not r["tags"] for r in rows) and values is not None:
-            await _late_tags(sql, vectors, rows, values)
-        if len(rows) < EMBED_BATCH:
+        values = await embedder.embed(collected.texts)
+        # the worker settles the job itself once this returns
+        await stage.finish(sql, vectors, Collected(collected.texts, [], [], collected.state), values)
+        if not collected.later:
             return
-
-
-async def embed_rows(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, rows: list[dict]):
-    """Embed ``rows`` (read with ``CHUNK_ROWS``) in one model call, upsert their vectors in one call and mark them
-    indexed in one statement; a chunk deleted meanwhile has its fresh vector dropped again. Returns the vectors, or
-    None when some chunks were gone."""
-    values = await embedder.embed([r["content"] for r in rows])
-    mutation = await vectors.upsert([(r["id"], values[i], chunk_metadata(r)) for i, r in enumerate(rows)])
-    # An index that applies writes later (Vectorize) leaves the mutation to be confirmed by the worker.
-    pending = mutation if vectors.index.applies_writes_later else None
-    ids = [r["id"] for r in rows]
-    res = await sql.execute(
-        "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
-        "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))",
-        [now_ms(), pending, json.dumps(ids)],
-    )
-    if res.changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors again
-        await drop_vanished(sql, vectors, ids)
-        return None
-    return values
 
 
 async def _late_tags(sql: OrgSql, vectors: OrgVectors, rows: list[dict], values) -> None:
-    """The thought had no tags when we read its chunks: if its enrichment landed meanwhile (and so saw these
-    chunks unindexed), write the vectors again with the tags (the values are in hand)."""
-    doc = await sql.one("SELECT tags FROM documents WHERE organization_id = ?1 AND id = ?2", [rows[0]["parent_id"]])
-    if doc and doc["tags"]:
-        await vectors.upsert([(r["id"], values[i], chunk_metadata({**r, "tags": doc["tags"]})) for i, r in enumerate(rows)])
-        await drop_vanished(sql, vectors, [r["id"] for r in rows])  # the thought may have been deleted meanwhile
+    """The thoughts had no tags when we read their chunks: those whose enrichment landed meanwhile (and so saw these
+    chunks unindexed) get their vectors written again with the tags (the values are in hand)."""
+    parents = sorted({r["parent_id"] for r in rows})
+    tags = {d["id"]: d["tags"] for d in await sql.rows(
+        "SELECT id, tags FROM documents WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2)) "
+        "AND tags IS NOT NULL", [json.dumps(parents)])}
+    redo = [(i, r) for i, r in enumerate(rows) if tags.get(r["parent_id"])]
+    if redo:
+        await vectors.upsert([(r["id"], values[i], chunk_metadata({**r, "tags": tags[r["parent_id"]]})) for i, r in redo])
+        await drop_vanished(sql, vectors, [r["id"] for _, r in redo])  # the thought may have been deleted meanwhile
 
 
 async def drop_vanished(sql: OrgSql, vectors: OrgVectors, ids: list[str]) -> int:
@@ -175,3 +165,90 @@ async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) ->
         ]
         await sql.batch(stmts)
     return (len(missing), len(stray))
+
+
+#: Called by the stage with one organization's embedded chunks before their vectors are written (the write-time
+#: decisions of captures that did not wait for theirs): returns the ids of chunks not to write (their thought went
+#: to the history as a duplicate).
+BeforeUpsert = Callable[[OrgSql, OrgVectors, list[dict], np.ndarray], Awaitable[set[str]]]
+
+
+@dataclass
+class _Share:
+    rows: list[dict] = field(default_factory=list)
+    #: row index -> a vector already in hand (computed at capture), else the next of the embedded texts
+    cached: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class EmbedStage:
+    """The worker's embedding stage (services.jobs.worker.Stage) for ``embed`` jobs (a thought's or a conversation's
+    pending chunks) and ``kb_embed`` jobs (a knowledge base's, shortest first). A round embeds every organization's
+    chunks in one model call; each organization's share is then written with one vector upsert and one SQL batch
+    that marks its chunks indexed and settles its jobs. A job whose chunks do not all fit the round's room is
+    released with what did fit done, and the next round goes on."""
+
+    def __init__(self, recent: Any = None, before_upsert: BeforeUpsert | None = None) -> None:
+        #: RecentVectors (services.search.recent_vectors): vectors computed at capture, not computed again.
+        self.recent = recent
+        self.before_upsert = before_upsert
+
+    async def collect(self, sql: OrgSql, jobs: list[Job], capacity: int) -> Collected:
+        share, done, later = _Share(), [], []
+        room = capacity
+        parents = [j for j in jobs if j.kind == EMBED_JOB]
+        by_parent: dict[str, list[dict]] = {}
+        if parents and room > 0:
+            for r in await sql.rows(
+                    CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.parent_id IN (SELECT value FROM json_each(?2)) "
+                    "AND c.indexed_at IS NULL ORDER BY c.parent_id, c.ordinal",
+                    [json.dumps([j.target_id for j in parents])]):
+                by_parent.setdefault(r["parent_id"], []).append(r)
+        for job in jobs:
+            if job.kind == EMBED_JOB:
+                pending = by_parent.get(job.target_id, [])
+                take = pending[:max(0, room)]
+                share.rows += take
+                room -= len(take)
+                (done if len(take) == len(pending) else later).append(job)
+            elif room <= 0:
+                later.append(job)
+            else:  # kb_embed: the knowledge base's pending chunks, shortest first (little padding per model call)
+                rows = await sql.rows(
+                    CHUNK_ROWS + "WHERE c.organization_id = ?1 AND c.kind = 'knowledge' AND c.indexed_at IS NULL "
+                    "AND e.kb_id = ?2 ORDER BY c.token_count, c.pk LIMIT ?3", [job.target_id, room + 1])
+                share.rows += rows[:room]
+                (done if len(rows) <= room else later).append(job)
+                room -= min(len(rows), room)
+        texts = []
+        for i, r in enumerate(share.rows):
+            vector = self.recent.get(sql.org_id, r["content"]) if self.recent is not None else None
+            if vector is None:
+                texts.append(r["content"])
+            else:
+                share.cached[i] = vector
+        return Collected(texts=texts, done=done, later=later, state=share)
+
+    async def finish(self, sql: OrgSql, vectors: OrgVectors, collected: Collected, values: np.ndarray) -> None:
+        share: _Share = collected.state
+        rows = share.rows
+        matrix = np.empty((len(rows), vectors.dimensions), dtype=np.float32)
+        fresh = iter(values)
+        for i in range(len(rows)):
+            matrix[i] = share.cached[i] if i in share.cached else next(fresh)
+        skip = await self.before_upsert(sql, vectors, rows, matrix) if self.before_upsert is not None and rows else set()
+        keep = [i for i, r in enumerate(rows) if r["id"] not in skip]
+        mutation = await vectors.upsert([(rows[i]["id"], matrix[i], chunk_metadata(rows[i])) for i in keep])
+        pending = mutation if vectors.index.applies_writes_later else None  # Vectorize: confirmed by the worker
+        ids = [rows[i]["id"] for i in keep]
+        stmts = settle_jobs(sql, collected)
+        if ids:
+            stmts.insert(0, sql.stmt(
+                "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "
+                "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?4))", now_ms(), pending, json.dumps(ids)))
+        results = await sql.batch(stmts) if stmts else []
+        if ids and results[0].changes < len(ids):  # some chunks were deleted while we embedded: drop their vectors
+            await drop_vanished(sql, vectors, ids)
+        elif ids:
+            untagged = [i for i in keep if rows[i]["kind"] == "thought" and not rows[i]["tags"]]
+            if untagged:
+                await _late_tags(sql, vectors, [rows[i] for i in untagged], matrix[untagged])

@@ -4,7 +4,7 @@ by the write-time decisions while the index may not show them yet.
 A capture embeds its thought's first chunk once (services.thoughts.decisions). The vector is remembered here under
 (organization, SHA-256 of the chunk text):
 
-* the embedding job's embedder (``OrgCachedEmbedder``) takes it instead of running the model again, so the
+* the embedding stage (services.search.indexing.EmbedStage) takes it instead of running the model again, so the
   model's work moves onto the capture path instead of being done twice;
 * the decisions of the next captures compare against the organization's most recent entries as well as the
   index, which covers the window in which a just-captured thought has no searchable vector yet (the job has
@@ -19,15 +19,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from services.ports import Embedder
-from services.search.indexing import embed_parent
 
-__all__ = ["RecentVectors", "OrgCachedEmbedder", "cached_embed_handler", "text_key"]
+__all__ = ["RecentVectors", "text_key"]
 
 
 def text_key(text: str) -> str:
@@ -95,48 +93,3 @@ class RecentVectors:
             return []
         scores = np.stack([e.vector for e in entries]) @ np.asarray(vector, dtype=np.float32)
         return [(e.parent_id, float(s)) for e, s in zip(entries, scores, strict=True)]
-
-
-class OrgCachedEmbedder:
-    """An ``Embedder`` for one organization's embedding jobs: vectors computed at capture are taken from
-    ``RecentVectors``, the rest are embedded in one call."""
-
-    def __init__(self, embedder: Embedder, recent: RecentVectors, org_id: str) -> None:
-        self.embedder = embedder
-        self.recent = recent
-        self.org_id = org_id
-        self.model_id = embedder.model_id
-        self.dimensions = embedder.dimensions
-        self.max_tokens = embedder.max_tokens
-        self.relevance_floor = embedder.relevance_floor
-
-    def count_tokens(self, text: str) -> int:
-        return self.embedder.count_tokens(text)
-
-    async def embed_query(self, text: str) -> np.ndarray:
-        """The wrapped embedder's query vector (``RecentVectors`` holds capture vectors, never queries)."""
-        return await self.embedder.embed_query(text)
-
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        missing = []
-        for i, text in enumerate(texts):
-            cached = self.recent.get(self.org_id, text)
-            if cached is None:
-                missing.append(i)
-            else:
-                out[i] = cached
-        if missing:
-            fresh = await self.embedder.embed([texts[i] for i in missing])
-            for row, i in enumerate(missing):
-                out[i] = fresh[row]
-        return out
-
-
-def cached_embed_handler(recent: RecentVectors):
-    """The ``embed`` job handler that takes the vectors computed at capture from ``recent``."""
-
-    async def handler(sql, vectors, embedder, job) -> None:
-        await embed_parent(sql, vectors, OrgCachedEmbedder(embedder, recent, sql.org_id), job)
-
-    return handler
