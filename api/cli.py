@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_conversation_commands(sub)
 
+    from api.import_cli import add_commands as add_import_commands
+
+    add_import_commands(sub)  # import FILE: thoughts and conversations from JSON Lines
+
     from api.knowledge_cli import add_commands as add_knowledge_commands
 
     add_knowledge_commands(sub)  # kb create / sync / import / list / status

@@ -10,7 +10,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 
-from services.errors import BackendError, MemexError, RateLimited
+from services.errors import MemexError, RateLimited, answer_status
 
 __all__ = ["ErrorBody", "ErrorDetail", "exception_handlers", "error_response", "error_responses"]
 
@@ -52,16 +52,6 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
         media_type=MediaType.JSON,
         headers=headers,
     )
-
-
-def answer_status(exc: MemexError) -> int:
-    """The HTTP status to answer with. A backend's failure is ours to report (5xx), whatever status the
-    backend itself answered: an adapter error may carry the upstream status (a Cloudflare 404 or 401, or
-    none when the connection failed), which must neither reach the client as its own 404 nor crash here."""
-    status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 600 else type(exc).status
-    if isinstance(exc, BackendError) and status < 500:
-        status = BackendError.status
-    return status
 
 
 def _memex(_: Request, exc: MemexError) -> Response:

@@ -25,7 +25,7 @@ import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["guard", "error_bytes", "body_limit", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_ARCHIVE_BYTES",
-           "MAX_URL_BYTES", "MAX_HEADER_BYTES",
+           "MAX_BATCH_BODY_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES",
            "MAX_JSON_DEPTH"]
 
 log = logging.getLogger("memex.api")
@@ -36,8 +36,10 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_IMPORT_BYTES = 1024 * 1024 * 1024
 #: Largest knowledge base archive (POST /v1/knowledge-bases/{kb}/import; services.knowledge.archive).
 MAX_ARCHIVE_BYTES = 64 * 1024 * 1024
+#: Largest batch capture (POST /v1/thoughts:batch: up to 1,000 thoughts).
+MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
 #: Routes whose body may be larger than MAX_BODY_BYTES: (method, path) -> their limit; and path patterns.
-LARGE_BODIES = {("POST", "/v1/org/import"): MAX_IMPORT_BYTES}
+LARGE_BODIES = {("POST", "/v1/org/import"): MAX_IMPORT_BYTES, ("POST", "/v1/thoughts:batch"): MAX_BATCH_BODY_BYTES}
 LARGE_BODY_PATTERNS = [("POST", re.compile(r"^/v1/knowledge-bases/[^/]+/import$"), MAX_ARCHIVE_BYTES)]
 #: Longest path + query string.
 MAX_URL_BYTES = 8 * 1024

@@ -77,7 +77,8 @@ _ID = {"type": "string", "minLength": 1, "maxLength": 64}
 
 
 async def _capture(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
-    return to_plain(await org.thoughts.capture(a["content"], source=a.get("source"), metadata=a.get("metadata")))
+    return to_plain(await org.thoughts.capture(a["content"], source=a.get("source"), metadata=a.get("metadata"),
+                                               wait=a.get("wait", False)))
 
 
 async def _search(org: OrgServices, a: dict[str, Any]) -> dict[str, Any]:
@@ -111,11 +112,15 @@ TOOLS: list[McpTool] = [
     McpTool(
         "capture_thought", "write",
         "Save a markdown note to this organization's memory. Idempotent: the same content returns the same id. "
-        "The result's decision says what happened: created, duplicate (blocked; the existing id is returned), "
-        "flagged (a possible duplicate of related_id), contradiction, merged, replaced or kept_both.",
+        "Answered at once with decision 'pending': the duplicate / contradiction / merge decision follows moments "
+        "later (get_thought shows it). With wait: true the result's decision says what happened: created, duplicate "
+        "(blocked; the existing id is returned), flagged (a possible duplicate of related_id), contradiction, merged, "
+        "replaced or kept_both.",
         _obj({"content": {"type": "string", "minLength": 1, "description": "markdown text (at most 256 KiB of UTF-8)"},
               "source": {"type": "string", "maxLength": 500, "description": "where it came from, e.g. obsidian:note.md"},
-              "metadata": {"type": "object", "description": "any JSON object"}}, ["content"]),
+              "metadata": {"type": "object", "description": "any JSON object"},
+              "wait": {"type": "boolean", "default": False,
+                       "description": "wait for the write-time decision before answering"}}, ["content"]),
         output_schema(CaptureResult), _capture,
     ),
     McpTool(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
+
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -12,15 +14,16 @@ from litestar.params import Parameter
 
 from api.auth import client_address, require
 from api.errors import error_responses
+from api.limits import MAX_BATCH_BODY_BYTES
 from api.schemas import (
-    ApiKeyOut, CaptureIn, Health, IssuedKeyOut, KeyCreateIn, KeyList, MemberIn, MemberList, MemberOut,
+    ApiKeyOut, CaptureBatchIn, CaptureIn, Health, IssuedKeyOut, KeyCreateIn, KeyList, MemberIn, MemberList, MemberOut,
     OrganizationOut, SearchIn, SearchOut, ServiceTokenIn, ServiceTokenList, ServiceTokenOut, SignupIn, SignupOut,
     WhoAmI,
 )
 from api.wiring import Memex, OrgServices
 from services.errors import RateLimited
 from services.ids import now_ms
-from services.models import CaptureResult, ThoughtDetail, ThoughtPage
+from services.models import BatchCaptureResult, CaptureResult, ThoughtDetail, ThoughtPage
 from services.search.search import SearchOptions
 from services.text.temporal import MAX_MS, time_options
 from tenancy.keys import KeyRecord
@@ -169,7 +172,7 @@ BeforeId = Annotated[str | None, Parameter(max_length=64, description="tie-break
 
 
 async def _capture(data: CaptureIn, org: OrgServices) -> Response[CaptureResult]:
-    res = await org.thoughts.capture(data.content, source=data.source, metadata=data.metadata)
+    res = await org.thoughts.capture(data.content, source=data.source, metadata=data.metadata, wait=data.wait)
     return Response(res, status_code=201 if res.created else 200)
 
 
@@ -180,6 +183,19 @@ async def _search(data: SearchIn, org: OrgServices) -> SearchOut:
                       min_score=data.min_score, **time_options(data.time_from, data.time_to, data.reference_time))
     )
     return SearchOut(res.query, res.results)
+
+
+@post("/v1/thoughts:batch", operation_id="captureThoughts", tags=["thoughts"], guards=[WRITE], status_code=200,
+      dependencies={"org": Provide(org_services)}, request_max_body_size=MAX_BATCH_BODY_BYTES,
+      responses=error_responses(413, *AUTH_ERRORS),
+      summary="Capture up to 1,000 thoughts at once, each answered as a single capture would be",
+      description="Each item is the body of POST /v1/thoughts (`wait` excepted: the worker makes every decision). "
+                  "Each result carries its item's index and the status a single capture would have answered: 201 "
+                  "stored, 200 already stored (idempotent per item: sending a batch again stores nothing twice), "
+                  "400/413 refused (the others are still stored). New thoughts are written 50 per transaction, "
+                  "keyword-searchable at once and embedded by the worker. At most 64 MiB.")
+async def capture_batch(data: CaptureBatchIn, org: OrgServices) -> BatchCaptureResult:
+    return await org.thoughts.capture_many([msgspec.structs.asdict(item) for item in data.items])
 
 
 class ThoughtController(Controller):
@@ -252,5 +268,6 @@ class LegacyController(Controller):
         return await org.thoughts.list_recent(limit=limit, before=before)
 
 
-route_handlers = [signup, health, OrgController, KeyController, AccessController, ThoughtController, search, LegacyController]
+route_handlers = [signup, health, OrgController, KeyController, AccessController, capture_batch, ThoughtController, search,
+                  LegacyController]
 

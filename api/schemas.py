@@ -11,6 +11,7 @@ from services.text.temporal import TimeValue
 from services.models import SearchHit
 
 __all__ = [
+    "CaptureBatchIn",
     "SignupIn", "OrganizationOut", "ApiKeyOut", "IssuedKeyOut", "SignupOut", "KeyCreateIn", "KeyList",
     "CaptureIn", "SearchIn", "SearchOut", "MemberIn", "MemberOut", "MemberList", "ServiceTokenIn",
     "ServiceTokenOut", "ServiceTokenList", "WhoAmI", "Health",
@@ -72,6 +73,15 @@ class CaptureIn(msgspec.Struct, forbid_unknown_fields=True):
     content: Annotated[str, msgspec.Meta(min_length=1, description="markdown text, at most 256 KiB of UTF-8 (413 above)")]
     source: Annotated[str, msgspec.Meta(max_length=500)] | None = None
     metadata: dict[str, Any] | None = None
+    #: Wait for the write-time decision (duplicate, contradiction, merge...) before answering. By default the capture
+    #: is acknowledged as soon as it is durable and keyword-searchable, with decision "pending"; the worker decides
+    #: moments later and the thought shows the outcome (GET /v1/thoughts/{id}: decision, history).
+    wait: bool = False
+
+
+class CaptureBatchIn(msgspec.Struct, forbid_unknown_fields=True):
+    #: 1-1,000 captures, each the body of POST /v1/thoughts.
+    items: Annotated[list[CaptureIn], msgspec.Meta(min_length=1, max_length=1000)]
 
 
 class SearchIn(msgspec.Struct, forbid_unknown_fields=True):

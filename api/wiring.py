@@ -14,19 +14,20 @@ from api.settings import Settings
 from services.conversations.append import ConversationLimits, KeyedLocks
 from services.conversations.conversations import Conversations
 from services.conversations.search import ConversationHydrator
-from services.enrichment.enrichment import ENRICH_JOB, Enricher, EnrichmentConfig, enrich_job_handler
+from services.enrichment.enrichment import ENRICH_JOB, EnrichStage, Enricher, EnrichmentConfig
 from services.enrichment.llm_budget import BudgetedLLM, LLMBudget
 from services.ids import now_ms
 from services.jobs.worker import JobWorker
-from services.knowledge.bases import EMBED_KB_JOB, SYNC_JOB, SourcePolicy
-from services.knowledge.service import Knowledge, KnowledgeConfig, embed_job_handler, sync_job_handler
-from services.search.indexing import EMBED_JOB, reconcile_org
+from services.knowledge.bases import SYNC_JOB, SourcePolicy
+from services.knowledge.service import Knowledge, KnowledgeConfig, sync_job_handler
+from services.search.indexing import EMBED_JOB, KB_EMBED_JOB, EmbedStage, reconcile_org
 from services.search.ranking import Ranking, RankingConfig, UseRecorder, RerankCache
-from services.search.recent_vectors import RecentVectors, cached_embed_handler
+from services.search.recent_vectors import RecentVectors
 from services.search.search import Hydrator, Search
 from services.storage.migrate import CONTROL_DIR, apply_pending
 from services.storage.scoped import OrgSql, OrgVectors
 from services.thoughts.decisions import Decisions
+from services.thoughts.deferred import deferred_decisions
 from services.thoughts.hydrator import hydrate_thoughts
 from services.thoughts.thoughts import ThoughtLimits, Thoughts
 from tenancy.addresses import ClientAddresses
@@ -113,11 +114,15 @@ class Memex:
         self.knowledge_config = KnowledgeConfig(
             cache_root=settings.kb_cache_root,
             policy=SourcePolicy(local_roots=tuple(settings.kb_local_roots), allow_http=settings.kb_allow_http))
+        # One model call per round for every organization's chunks (vectors computed at capture reused).
+        embedding = EmbedStage(recent=self.recent_vectors,
+                               before_upsert=deferred_decisions(lambda sql, vectors: self.decisions(sql, vectors),
+                                                                self.wake))
         self.worker = JobWorker(self.stores, self.backend.embedder, poll_seconds=settings.worker_poll_seconds,
-                                handlers={EMBED_JOB: cached_embed_handler(self.recent_vectors),
-                                          ENRICH_JOB: enrich_job_handler(self.enricher),
-                                          SYNC_JOB: sync_job_handler(self.knowledge_config, self.wake),
-                                          EMBED_KB_JOB: embed_job_handler(self.wake)},
+                                handlers={SYNC_JOB: sync_job_handler(self.knowledge_config, self.wake)},
+                                # in this order in a round: a thought's tags are in hand when its vectors are written
+                                stages={ENRICH_JOB: EnrichStage(self.enricher), EMBED_JOB: embedding,
+                                        KB_EMBED_JOB: embedding},
                                 async_index=self.backend.async_index)
         self.limits = ThoughtLimits(
             max_content_bytes=settings.max_content_bytes, max_metadata_bytes=settings.max_metadata_bytes

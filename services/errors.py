@@ -30,6 +30,7 @@ __all__ = [
     "BackendError",
     "EmbeddingModelMismatch",
     "InsufficientStorage",
+    "answer_status",
 ]
 
 
@@ -97,3 +98,14 @@ class EmbeddingModelMismatch(BackendError):
 class InsufficientStorage(BackendError):
     code = "insufficient_storage"
     status = 507
+
+
+def answer_status(exc: MemexError) -> int:
+    """The HTTP status an error answers with (api.errors maps them; a batch reports it per item). A backend's failure
+    is ours to report (5xx), whatever status the backend itself answered: an adapter error may carry the upstream
+    status (a Cloudflare 404 or 401, or none when the connection failed), which must neither reach the client as its
+    own 404 nor crash here."""
+    status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 600 else type(exc).status
+    if isinstance(exc, BackendError) and status < 500:
+        status = BackendError.status
+    return status

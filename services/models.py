@@ -16,6 +16,9 @@ __all__ = [
     "Thought",
     "ThoughtDetail",
     "CaptureResult",
+    "ItemError",
+    "BatchItem",
+    "BatchCaptureResult",
     "ThoughtPage",
     "SearchHit",
     "SearchResult",
@@ -62,6 +65,8 @@ class Thought(msgspec.Struct, kw_only=True):
     #: Recorded in the background: a use shows here within about a second.
     uses: int = 0
     last_used_at: int | None = None
+    #: The write-time decision about this thought (``pending`` until the worker has made it); null when none was made.
+    decision: "Decision | None" = None
 
 
 class ThoughtLink(msgspec.Struct, kw_only=True):
@@ -113,7 +118,9 @@ class ThoughtDetail(Thought, kw_only=True):
     history: list[HistoryEntry] = []
 
 
-DecisionAction = Literal["created", "duplicate", "flagged", "merged", "replaced", "contradiction", "kept_both"]
+#: ``pending``: the capture was acknowledged before its decision, which the job worker makes when it embeds the thought
+#: (the thought's ``decision`` shows the outcome then).
+DecisionAction = Literal["pending", "created", "duplicate", "flagged", "merged", "replaced", "contradiction", "kept_both"]
 
 
 class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -138,6 +145,29 @@ class CaptureResult(msgspec.Struct, kw_only=True):
     created_at: int
     updated_at: int
     decision: Decision = msgspec.field(default_factory=lambda: Decision(action="created"))
+
+
+class ItemError(msgspec.Struct):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class BatchItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One item of a batch capture: its place in the request, the status a single capture would have answered
+    (201 stored, 200 already there, 4xx refused), and the capture's result or the error."""
+
+    index: int
+    status: int
+    result: CaptureResult | None = None
+    error: ItemError | None = None
+
+
+class BatchCaptureResult(msgspec.Struct, kw_only=True):
+    results: list[BatchItem]
+    created: int
+    existing: int
+    failed: int
 
 
 class ThoughtPage(msgspec.Struct, kw_only=True):

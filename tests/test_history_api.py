@@ -1,6 +1,7 @@
 """Write-time decisions, history and links over real HTTP on loopback (REST and MCP): a server with a scripted
 embedder and a scripted language model for the merge / replace / contradiction paths, and the shared live
-servers (embedded and D1 + Vectorize, the real model, no language model) for the defaults and tenancy."""
+servers (embedded and D1 + Vectorize, the real model, no language model) for the defaults and tenancy. The captures
+here wait for their decisions (``"wait": true``) except where a test says it checks the worker's."""
 
 from __future__ import annotations
 
@@ -61,11 +62,11 @@ def test_merge_history_restore_and_purge_over_rest(scripted):
     a = signup(scripted, "merge")
     old_text, new_text = _pair(scripted, "merge", 0.9)
     with scripted.client() as c:
-        old = c.post("/v1/thoughts", json={"content": old_text}, headers=a.headers).json()
+        old = c.post("/v1/thoughts", json={"wait": True, "content": old_text}, headers=a.headers).json()
         assert old["decision"] == {"action": "created"}
         _script(scripted, {"action": "merge", "target_id": "m1",
                            "merged_content": "The quarterly review: Bergen office (was Oslo)."})
-        r = c.post("/v1/thoughts", json={"content": new_text, "source": "chat"}, headers=a.headers)
+        r = c.post("/v1/thoughts", json={"wait": True, "content": new_text, "source": "chat"}, headers=a.headers)
         assert r.status_code == 201, r.text
         merged = r.json()
         assert merged["decision"]["action"] == "merged" and merged["decision"]["related_id"] == old["id"]
@@ -97,10 +98,10 @@ def test_replace_contradiction_and_duplicate_over_rest(scripted):
     a = signup(scripted, "replace")
     with scripted.client() as c:
         old_text, new_text = _pair(scripted, "replace", 0.9)
-        old = c.post("/v1/thoughts", json={"content": old_text}, headers=a.headers).json()
+        old = c.post("/v1/thoughts", json={"wait": True, "content": old_text}, headers=a.headers).json()
         scripted.wait_indexed(a.headers, old["id"])
         _script(scripted, {"action": "replace", "target_id": "m1"})
-        new = c.post("/v1/thoughts", json={"content": new_text}, headers=a.headers).json()
+        new = c.post("/v1/thoughts", json={"wait": True, "content": new_text}, headers=a.headers).json()
         assert new["decision"]["action"] == "replaced" and new["decision"]["related_id"] == old["id"]
         assert not scripted.vector_ids(f"{a.id}:") or all(
             v[2]["parent_id"] != old["id"] for v in scripted.vectors(f"{a.id}:"))
@@ -108,9 +109,9 @@ def test_replace_contradiction_and_duplicate_over_rest(scripted):
                                                 headers=a.headers).json()["entries"]] == [old["id"]]
 
         one, two = _pair(scripted, "contradiction", 0.7)
-        first = c.post("/v1/thoughts", json={"content": one}, headers=a.headers).json()
+        first = c.post("/v1/thoughts", json={"wait": True, "content": one}, headers=a.headers).json()
         llm = _script(scripted, {"action": "contradiction", "conflicting_id": "m1", "reason": "different city"})
-        second = c.post("/v1/thoughts", json={"content": two}, headers=a.headers).json()
+        second = c.post("/v1/thoughts", json={"wait": True, "content": two}, headers=a.headers).json()
         assert "DIRECTLY CONFLICT" in llm.prompt
         assert second["decision"] == {"action": "contradiction", "related_id": first["id"], "reason": "different city",
                                       "similarity": pytest.approx(0.7, abs=1e-3)}
@@ -122,9 +123,9 @@ def test_replace_contradiction_and_duplicate_over_rest(scripted):
         assert c.get(f"/v1/thoughts/{first['id']}", headers=a.headers).json()["links"] == []
 
         dup_old, dup_new = _pair(scripted, "duplicate", 0.97)
-        kept = c.post("/v1/thoughts", json={"content": dup_old}, headers=a.headers).json()
+        kept = c.post("/v1/thoughts", json={"wait": True, "content": dup_old}, headers=a.headers).json()
         llm = _script(scripted)
-        r = c.post("/v1/thoughts", json={"content": dup_new}, headers=a.headers)
+        r = c.post("/v1/thoughts", json={"wait": True, "content": dup_new}, headers=a.headers)
         assert r.status_code == 200 and r.json()["id"] == kept["id"] and r.json()["created"] is False
         assert r.json()["decision"]["action"] == "duplicate" and llm.calls == []
         assert scripted.sql("SELECT COUNT(*) FROM documents WHERE organization_id = ? AND content = ?", (a.id, dup_new)) == [(0,)]
@@ -134,9 +135,9 @@ def test_other_orgs_history_ids_are_404_and_nothing_changes(scripted):
     a, b = signup(scripted, "hist-a"), signup(scripted, "hist-b")
     old_text, new_text = _pair(scripted, "tenancy", 0.9)
     with scripted.client() as c:
-        c.post("/v1/thoughts", json={"content": old_text}, headers=a.headers)
+        c.post("/v1/thoughts", json={"wait": True, "content": old_text}, headers=a.headers)
         _script(scripted, {"action": "replace", "target_id": "m1"})
-        tid = c.post("/v1/thoughts", json={"content": new_text}, headers=a.headers).json()["id"]
+        tid = c.post("/v1/thoughts", json={"wait": True, "content": new_text}, headers=a.headers).json()["id"]
         entry = c.get(f"/v1/thoughts/{tid}/history", headers=a.headers).json()["entries"][0]["id"]
         before = _history_rows(scripted, a.id)
         assert len(before) == 1
@@ -146,14 +147,15 @@ def test_other_orgs_history_ids_are_404_and_nothing_changes(scripted):
         assert_error(c.delete(f"/v1/thoughts/{tid}/history", headers=b.headers), 404)
         assert_error(c.get(f"/v1/thoughts/{tid}", headers=b.headers), 404)
         # B's own thought id with A's entry id is 404 too
-        mine = c.post("/v1/thoughts", json={"content": "B's own unrelated note about tulips."}, headers=b.headers).json()["id"]
+        mine = c.post("/v1/thoughts", json={"wait": True, "content": "B's own unrelated note about tulips."},
+                      headers=b.headers).json()["id"]
         assert_error(c.post(f"/v1/thoughts/{mine}/history/{entry}/restore", headers=b.headers), 404)
         assert_error(c.delete(f"/v1/thoughts/{mine}/history/{entry}", headers=b.headers), 404)
         # B's near-identical capture is never decided against A's thought
         emb: ScriptedEmbedder = scripted.memex.backend.embedder
         probe = emb.set("B writes about the review too.", near(_AXES["tenancy"] + 1, 299, 0.999))
         llm = _script(scripted)
-        r = c.post("/v1/thoughts", json={"content": probe}, headers=b.headers)
+        r = c.post("/v1/thoughts", json={"wait": True, "content": probe}, headers=b.headers)
         assert r.status_code == 201 and r.json()["decision"] == {"action": "created"} and llm.calls == []
     assert _history_rows(scripted, a.id) == before
     assert scripted.sql("SELECT COUNT(*) FROM documents WHERE organization_id = ? AND id = ?", (a.id, tid)) == [(1,)]
@@ -165,10 +167,10 @@ async def test_history_tools_over_mcp_and_their_tenancy(scripted):
     async with mcp_session(a.mcp_url, a.headers) as s:
         names = {t.name for t in (await s.list_tools()).tools}
         assert {"thought_history", "restore_thought"} <= names
-        first = await s.call_tool("capture_thought", {"content": old_text})
+        first = await s.call_tool("capture_thought", {"wait": True, "content": old_text})
         assert first.structuredContent["decision"] == {"action": "created"}
         _script(scripted, {"action": "replace", "target_id": "m1"})
-        cap = await s.call_tool("capture_thought", {"content": new_text})
+        cap = await s.call_tool("capture_thought", {"wait": True, "content": new_text})
         assert not cap.isError and cap.structuredContent["decision"]["action"] == "replaced"
         tid = cap.structuredContent["id"]
         hist = await s.call_tool("thought_history", {"id": tid})
@@ -197,17 +199,42 @@ async def test_history_tools_over_mcp_and_their_tenancy(scripted):
 
 def test_near_identical_capture_is_blocked_without_a_model(live, org, client):
     text = "The quarterly planning meeting is on Tuesday in room 4 with the platform team."
-    first = client.post("/v1/thoughts", json={"content": text}, headers=org.headers).json()
+    first = client.post("/v1/thoughts", json={"wait": True, "content": text}, headers=org.headers).json()
     assert first["decision"] == {"action": "created"}
-    r = client.post("/v1/thoughts", json={"content": text.rstrip(".")}, headers=org.headers)
+    r = client.post("/v1/thoughts", json={"wait": True, "content": text.rstrip(".")}, headers=org.headers)
     assert r.status_code == 200, r.text
     assert r.json()["id"] == first["id"] and r.json()["decision"]["action"] == "duplicate"
     # a changed number is not a duplicate: kept (and flagged when that close)
-    r = client.post("/v1/thoughts", json={"content": text.replace("room 4", "room 5")}, headers=org.headers)
+    r = client.post("/v1/thoughts", json={"wait": True, "content": text.replace("room 4", "room 5")}, headers=org.headers)
     assert r.status_code == 201 and r.json()["decision"]["action"] in ("flagged", "created")
-    other = client.post("/v1/thoughts", json={"content": "Sourdough needs a ripe starter and a long cold proof."},
+    other = client.post("/v1/thoughts", json={"wait": True, "content": "Sourdough needs a ripe starter and a long cold proof."},
                         headers=org.headers)
     assert other.status_code == 201 and other.json()["decision"] == {"action": "created"}
+
+
+def test_by_default_a_capture_is_answered_at_once_and_the_worker_decides(live, org, client):
+    """Without "wait", a capture is acknowledged with decision "pending" (durable and keyword-searchable at once); the
+    worker decides when it embeds it: a near-identical note ends in the first one's history, a different one is
+    created, and each thought shows its decision."""
+    text = "The quarterly budget review is on Thursday in the north conference room with finance."
+    first = client.post("/v1/thoughts", json={"content": text}, headers=org.headers)
+    assert first.status_code == 201 and first.json()["decision"] == {"action": "pending"}
+    hit = client.post("/v1/search", json={"query": "quarterly budget review north conference room"}, headers=org.headers)
+    assert first.json()["id"] in [h["document_id"] for h in hit.json()["results"]]  # keyword-searchable at once
+    live.wait_indexed(org.headers, first.json()["id"])
+    second = client.post("/v1/thoughts", json={"content": text.rstrip(".")}, headers=org.headers).json()
+    other = client.post("/v1/thoughts", json={"content": "Sourdough needs a ripe starter and a long cold proof."},
+                        headers=org.headers).json()
+    assert second["decision"] == other["decision"] == {"action": "pending"}
+    assert live.wait_indexed(org.headers, other["id"])["decision"] == {"action": "created"}
+    deadline = time.monotonic() + 30
+    while client.get(f"/v1/thoughts/{second['id']}", headers=org.headers).status_code != 404:
+        assert time.monotonic() < deadline, "the near-identical capture was not decided"
+        time.sleep(0.05)
+    history = client.get(f"/v1/thoughts/{first.json()['id']}/history", headers=org.headers).json()["entries"]
+    assert [e["content"] for e in history] == [text.rstrip(".")] and "duplicate" in history[0]["reason"]
+    assert client.get(f"/v1/thoughts/{first.json()['id']}", headers=org.headers).json()["decision"] == {
+        "action": "created"}
 
 
 def _use_counts(live, org) -> dict[str, int]:
@@ -226,7 +253,7 @@ def _wait_uses(live, org, expected: dict[str, int]) -> dict[str, int]:
 
 
 def test_explain_over_rest_adds_up_and_only_deliberate_use_counts(live, org, client):
-    ids = [client.post("/v1/thoughts", json={"content": c}, headers=org.headers).json()["id"] for c in (
+    ids = [client.post("/v1/thoughts", json={"wait": True, "content": c}, headers=org.headers).json()["id"] for c in (
         "Lighthouse keepers logged the fog horn schedule every night.",
         "The lighthouse lens was replaced with an LED array in 2019.",
     )]
@@ -254,7 +281,7 @@ def test_explain_over_rest_adds_up_and_only_deliberate_use_counts(live, org, cli
 
 
 def test_marking_another_orgs_thought_used_is_404_and_changes_nothing(live, org, other_org, client):
-    tid = client.post("/v1/thoughts", json={"content": "Alpha's launch checklist lives in the ops wiki."},
+    tid = client.post("/v1/thoughts", json={"wait": True, "content": "Alpha's launch checklist lives in the ops wiki."},
                       headers=org.headers).json()["id"]
     assert_error(client.post(f"/v1/thoughts/{tid}/used", headers=other_org.headers), 404)
     assert_error(client.post("/v1/thoughts/th_does_not_exist/used", headers=org.headers), 404)
@@ -267,7 +294,7 @@ def test_marking_another_orgs_thought_used_is_404_and_changes_nothing(live, org,
 
 
 def test_history_endpoints_are_404_for_another_orgs_thought(live, org, other_org, client):
-    tid = client.post("/v1/thoughts", json={"content": "Alpha's private note on the merger timeline."},
+    tid = client.post("/v1/thoughts", json={"wait": True, "content": "Alpha's private note on the merger timeline."},
                       headers=org.headers).json()["id"]
     assert client.get(f"/v1/thoughts/{tid}/history", headers=org.headers).json() == {"thought_id": tid, "entries": []}
     b = other_org.headers

@@ -66,7 +66,7 @@ def settle(live: Live, org: Org, timeout: float = 60.0) -> None:
 
 
 def capture(http, org: Org, content: str, **body) -> dict:
-    r = http.post("/v1/thoughts", json={"content": content, **body}, headers=org.headers)
+    r = http.post("/v1/thoughts", json={"content": content, "wait": True, **body}, headers=org.headers)
     assert r.status_code in (200, 201), r.text
     return r.json()
 

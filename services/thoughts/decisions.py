@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +113,22 @@ _GATE_STOP = frozenset(
     "the and for are but not you all any can had her was one our out has him his how its may new now old see "
     "two who did get let put say she too use that with have this will your from they been were said each which "
     "their there what when where would about could other than then them these some into more also only".split()
+)
+
+
+_GATE_SQL = (
+    "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
+    "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
+    "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+    "AND c.kind = 'thought' ORDER BY rank LIMIT ?3"
+)
+
+
+_GATE_SQL_BEFORE = (
+    "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
+    "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid JOIN documents d ON d.organization_id = c.organization_id "
+    "AND d.id = c.parent_id WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+    "AND c.kind = 'thought' AND (d.created_at < ?4 OR (d.created_at = ?4 AND d.id < ?5)) ORDER BY rank LIMIT ?3"
 )
 
 
@@ -242,10 +258,13 @@ class Decisions:
     async def embed(self, text: str) -> np.ndarray:
         return (await self.embedder.embed([text]))[0]
 
-    async def candidates(self, vector: np.ndarray, pending: list[tuple[str, str]] = ()) -> list[Similar]:
+    async def candidates(self, vector: np.ndarray, pending: Sequence[tuple[str, str]] = (),
+                         extra: Sequence[tuple[str, np.ndarray]] = ()) -> list[Similar]:
         """The organization's thoughts nearest to ``vector`` (>= 0.45, best first, at most 5), each checked to
-        still exist in SQL (the index can hold a vector of a thought deleted moments ago)."""
-        best: dict[str, float] = {}
+        still exist in SQL (the index can hold a vector of a thought deleted moments ago). ``pending``: (id, text)
+        of close thoughts not in the index yet, embedded here; ``extra``: (id, vector) of thoughts whose vectors are
+        in hand (the worker's round)."""
+        best: dict[str, float] = {parent: float(np.dot(vector, v)) for parent, v in extra}
         matches = await self.vectors.query(
             vector, top_k=MAX_CANDIDATES * OVERFETCH, filter={"kind": {"$eq": "thought"}}, return_metadata=True
         )
@@ -254,7 +273,7 @@ class Decisions:
             parent = md.get("parent_id")
             if md.get("kind") == "thought" and parent and m.score > best.get(parent, -1.0):
                 best[parent] = float(m.score)
-        missing = [(p, text) for p, text in pending if p not in best]
+        missing = [(p, text) for p, text in pending if p not in best]  # not in the index, nor in hand
         if missing:  # found by the lexical gate but not yet in the index: one small embedding call
             values = await self.embedder.embed([text for _, text in missing])
             for (parent, _), v in zip(missing, values, strict=True):
@@ -279,6 +298,23 @@ class Decisions:
             if p in found
         ]
 
+    async def plausible_many(self, first_chunks: Sequence[str], before: Sequence[tuple[int, str]]
+                             ) -> list[list[tuple[str, str, bool]]]:
+        """``plausible`` for several stored thoughts in one round trip (one SQL batch: on D1 one request), each
+        against the thoughts captured before it (``before``: its created_at and id): itself and later ones are not
+        what it is decided against."""
+        probes = [sorted(_words(t), key=lambda w: (-len(w), w))[:GATE_TERMS] for t in first_chunks]
+        asked = [i for i, probe in enumerate(probes) if probe]
+        results = await self.sql.batch([self.sql.stmt(
+            _GATE_SQL_BEFORE, " OR ".join(f'"{w}"' for w in probes[i]), GATE_CANDIDATES, before[i][0], before[i][1])
+            for i in asked]) if asked else []
+        out: list[list[tuple[str, str, bool]]] = [[] for _ in first_chunks]
+        for i, res in zip(asked, results, strict=True):
+            words = _words(first_chunks[i])
+            out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in res.rows
+                      if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
+        return out
+
     async def plausible(self, first_chunk: str) -> list[tuple[str, str, bool]]:
         """Without a language model only similarity >= 0.85 changes the outcome, and texts that close share
         most of their words. One keyword lookup (the new text's rarest-looking words) finds any thought that
@@ -289,13 +325,7 @@ class Decisions:
         if not words:
             return []
         probe = sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
-        rows = await self.sql.rows(
-            "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
-            "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
-            "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
-            "AND c.kind = 'thought' ORDER BY rank LIMIT ?3",
-            [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES],
-        )
+        rows = await self.sql.rows(_GATE_SQL, [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES])
         return [
             (r["parent_id"], r["content"], bool(r["pending"]))
             for r in rows
@@ -315,10 +345,28 @@ class Decisions:
         plan.vector = vector
         return plan
 
+    async def decide_embedded(self, content: str, vector: np.ndarray, *, multi_chunk: bool,
+                              close: Sequence[tuple[str, str, bool]] | None = None,
+                              extra: Sequence[tuple[str, np.ndarray]] = ()) -> Plan:
+        """The decision of a thought whose first chunk's vector is in hand (the worker's embedding round).
+        ``close``: what the lexical gate found for it (``plausible_many``), None when the gate was not asked (a
+        language model is configured, or the gate is off); ``extra``: (id, vector) of thoughts captured before it
+        whose vectors the index does not show yet."""
+        if close is not None and not close:  # nothing shares enough words, in the index or in this round
+            return Plan("created")
+        pending = [(pid, text) for pid, text, not_searchable in (close or ()) if not_searchable]
+        return await self._decide(content, vector, multi_chunk=multi_chunk, pending=pending, extra=extra)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the lexical gate decides first (no language model: only >= 0.85 changes an outcome)."""
+        return self.lexical_gate and self.llm is None
+
     async def _decide(
-        self, content: str, vector: np.ndarray, *, multi_chunk: bool, pending: list[tuple[str, str]] = ()
+        self, content: str, vector: np.ndarray, *, multi_chunk: bool, pending: Sequence[tuple[str, str]] = (),
+        extra: Sequence[tuple[str, np.ndarray]] = (),
     ) -> Plan:
-        cands = await self.candidates(vector, pending)
+        cands = await self.candidates(vector, pending, extra)
         if not cands:
             return Plan("created")
         top = cands[0]

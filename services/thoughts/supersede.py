@@ -57,11 +57,12 @@ async def merged(sql: OrgSql, embedder: Embedder, plan: Plan, source: str | None
 
 
 async def supersede(sql: OrgSql, vectors: OrgVectors, new_doc: str, plan: Plan, now: int,
-                    incoming: tuple[str, str, str | None, str] | None) -> None:
+                    incoming: tuple[str, str, str | None, str] | None, *, action: str | None = None) -> None:
     """After the new canonical thought is stored: move the old one to the history (with, for a merge, the
-    incoming content that was never stored on its own), then delete its rows, then its vectors."""
+    incoming content that was never stored on its own), then delete its rows, then its vectors. ``action``: the
+    history's word for it (default: ``merged`` with incoming content, else ``replaced``)."""
     old = plan.related_id
-    action = "merged" if incoming is not None else "replaced"
+    action = action or ("merged" if incoming is not None else "replaced")
     chunk_ids = [
         r["id"]
         for r in await sql.rows(

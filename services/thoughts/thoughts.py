@@ -12,17 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+
+import msgspec
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.enrichment.enrichment import enqueue_enrich
-from services.errors import InvalidInput, NotFound, PayloadTooLarge
+from services.errors import InvalidInput, MemexError, NotFound, PayloadTooLarge, answer_status
 from services.ids import new_id, now_ms
 from services.models import (
-    CaptureResult, ChunkView, Decision, IndexingState, Thought, ThoughtDetail, ThoughtPage, check_metadata,
+    BatchCaptureResult, BatchItem, CaptureResult, ChunkView, Decision, IndexingState, ItemError, Thought, ThoughtDetail,
+    ThoughtPage, check_metadata,
 )
-from services.ports import Embedder
+from services.ports import Embedder, Statement
 from services.search.indexing import enqueue_embed
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.chunking import chunk_text, default_chunk_params
@@ -30,7 +33,7 @@ from services.thoughts import supersede
 from services.thoughts.decisions import Decisions, Plan
 from services.thoughts.history import DETAIL_HISTORY, ThoughtHistoryService, history_of, links_of
 
-__all__ = ["ThoughtLimits", "Thoughts", "thought_from_row"]
+__all__ = ["ThoughtLimits", "Thoughts", "thought_from_row", "PENDING", "decision_of"]
 
 log = logging.getLogger("memex.thoughts")
 
@@ -39,7 +42,25 @@ _ACTIONS = {"created": "created", "duplicate": "duplicate", "flagged": "flagged"
             "contradiction": "contradiction", "replace": "replaced", "merge": "merged"}
 
 
-def _decision(plan: Plan) -> Decision:
+#: Most thoughts one batch capture takes, and how many are written per atomic batch (on D1 one request).
+MAX_BATCH = 1000
+BATCH_WRITE = 50
+#: The decision of a capture acknowledged before it (the worker replaces it).
+PENDING = '{"action":"pending"}'
+
+
+def _decision_json(plan: Plan) -> str:
+    return msgspec.json.encode(decision_of(plan)).decode()
+
+
+def _created(doc_id: str, digest: str, chunks: int, now: int) -> CaptureResult:
+    return CaptureResult(id=doc_id, created=True, content_hash=digest, chunks=chunks,
+                         indexing=IndexingState(state="pending", chunks_total=chunks, chunks_indexed=0),
+                         created_at=now, updated_at=now)
+
+
+def decision_of(plan: Plan) -> Decision:
+    """A decision plan as the thought shows it."""
     if plan.action == "created":
         return Decision(action="created")
     return Decision(action=_ACTIONS[plan.action], related_id=plan.related_id, reason=plan.reason,
@@ -68,6 +89,7 @@ def thought_from_row(r: dict[str, Any]) -> Thought:
         updated_at=r["updated_at"],
         uses=r.get("use_count") or 0,
         last_used_at=r.get("last_used_at"),
+        decision=msgspec.json.decode(r["decision"], type=Decision) if r.get("decision") else None,
     )
 
 
@@ -97,24 +119,13 @@ class Thoughts:
 
     async def capture(
         self, content: str, *, source: str | None = None, metadata: dict[str, Any] | None = None,
-        decide: bool = True,
+        decide: bool = True, wait: bool = False,
     ) -> CaptureResult:
         """Store a thought. Idempotent on the content's SHA-256 first; then, with ``decide`` and a
         ``Decisions``, the write-time decision (services.thoughts.decisions) may block a near-duplicate, flag it, link a
         contradiction, or replace / merge an existing thought (the new one written first, the old one moved to
         the history after). ``decide=False`` is the plain write (a restore from the history)."""
-        if not isinstance(content, str) or not content.strip():
-            raise InvalidInput("content must be a non-empty string", details={"field": "content"})
-        size = len(content.encode("utf-8"))
-        if size > self.limits.max_content_bytes:
-            raise PayloadTooLarge(
-                f"content is {size} bytes; the limit is {self.limits.max_content_bytes}",
-                details={"field": "content", "limit": self.limits.max_content_bytes},
-            )
-        if source is not None and len(source) > self.limits.max_source_chars:
-            raise InvalidInput(f"source is longer than {self.limits.max_source_chars} characters", details={"field": "source"})
-        meta_json = check_metadata(metadata, self.limits.max_metadata_bytes)
-        digest = hashlib.sha256(content.encode("utf-8")).hexdigest()
+        digest, meta_json = self._check(content, source, metadata)
         now = now_ms()
         deciding = decide and self.decisions is not None
 
@@ -126,12 +137,17 @@ class Thoughts:
         pieces = chunk_text(content, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens, overlap_tokens=overlap)
         if not deciding:
             return await self._write(content, digest, source, meta_json, pieces, now)
+        if not wait:  # acknowledged now; the worker decides when it embeds the thought (services.thoughts.deferred)
+            result = await self._write(content, digest, source, meta_json, pieces, now, decision=PENDING)
+            if result.created:
+                result.decision = Decision(action="pending")
+            return result
 
         plan = await self.decisions.decide(content, pieces[0], multi_chunk=len(pieces) > 1)
         if plan.action == "duplicate":
             found = await self._result_of(plan.related_id)
             if found is not None:
-                found.decision = _decision(plan)
+                found.decision = decision_of(plan)
                 return found
             plan = Plan("created", vector=plan.vector)  # deleted meanwhile: nothing to be a duplicate of
         stored = (content, digest, source, meta_json, pieces)
@@ -152,7 +168,7 @@ class Thoughts:
         recent = self.decisions.recent
         if recent is not None and plan.vector is not None and stored[0] is content:
             recent.put(self.sql.org_id, pieces[0], plan.vector, doc_id)  # the embedding job takes it from here
-        result = await self._write(*stored, now, doc_id=doc_id, extra=extra)
+        result = await self._write(*stored, now, doc_id=doc_id, extra=extra, decision=_decision_json(plan))
         if not result.created:  # the same content was captured concurrently: that one stands
             return result
         if plan.action in ("replace", "merge"):
@@ -164,32 +180,121 @@ class Thoughts:
                 if incoming is not None:  # the merged text is stored, the incoming one is not: store it too
                     await self._write(content, digest, source, meta_json, pieces, now)
                 plan = Plan("keep_both", plan.related_id, f"{plan.action} failed; kept both", plan.similarity)
-        result.decision = _decision(plan)
+        result.decision = decision_of(plan)
+        if plan.action == "keep_both":  # a failed merge or replace: the decision recorded says so
+            await self.sql.execute("UPDATE documents SET decision = ?3 WHERE organization_id = ?1 AND id = ?2",
+                                   [doc_id, _decision_json(plan)])
         return result
+
+    def _check(self, content: Any, source: Any, metadata: Any) -> tuple[str, str]:
+        """A capture's input checked against the limits: (SHA-256 of the content, metadata JSON)."""
+        if not isinstance(content, str) or not content.strip():
+            raise InvalidInput("content must be a non-empty string", details={"field": "content"})
+        size = len(content.encode("utf-8"))
+        if size > self.limits.max_content_bytes:
+            raise PayloadTooLarge(
+                f"content is {size} bytes; the limit is {self.limits.max_content_bytes}",
+                details={"field": "content", "limit": self.limits.max_content_bytes},
+            )
+        if source is not None and (not isinstance(source, str) or len(source) > self.limits.max_source_chars):
+            raise InvalidInput(f"source is longer than {self.limits.max_source_chars} characters", details={"field": "source"})
+        return hashlib.sha256(content.encode("utf-8")).hexdigest(), check_metadata(metadata, self.limits.max_metadata_bytes)
+
+    async def capture_many(self, items: Sequence[Mapping[str, Any]]) -> BatchCaptureResult:
+        """Capture up to ``MAX_BATCH`` thoughts (each ``{content, source?, metadata?}``) in a few round trips: each
+        item answers what a single capture would (201 stored, 200 already there: idempotent per item, 4xx refused
+        alone); new ones are written ``BATCH_WRITE`` per atomic batch, their decisions made by the worker."""
+        if not 1 <= len(items) <= MAX_BATCH:
+            raise InvalidInput(f"items must hold 1-{MAX_BATCH} thoughts", details={"field": "items"})
+        now = now_ms()
+        out: dict[int, BatchItem] = {}
+        ready: dict[int, tuple[str, str, str | None, str]] = {}
+        for i, item in enumerate(items):
+            try:
+                if item.get("wait"):
+                    raise InvalidInput("wait is not available in a batch: decisions are made by the worker",
+                                       details={"field": "wait"})
+                digest, meta_json = self._check(item.get("content"), item.get("source"), item.get("metadata"))
+                ready[i] = (item["content"], digest, item.get("source"), meta_json)
+            except MemexError as exc:
+                out[i] = BatchItem(index=i, status=answer_status(exc), error=ItemError(exc.code, exc.message, exc.details))
+        deciding = self.decisions is not None
+        known = await self._known_digests({d for _, d, _, _ in ready.values()}, history=deciding)
+        first: dict[str, int] = {}
+        later: list[int] = []
+        writes: list[tuple[int, str, list[str]]] = []
+        max_tokens, overlap = default_chunk_params(self.embedder)
+        for i, (content, digest, _, _) in ready.items():
+            if digest in known or digest in first:
+                later.append(i)
+                continue
+            first[digest] = i
+            pieces = chunk_text(content, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens,
+                                overlap_tokens=overlap)
+            writes.append((i, new_id(), pieces))
+        for start in range(0, len(writes), BATCH_WRITE):
+            group = writes[start:start + BATCH_WRITE]
+            stmts, heads = [], []
+            for i, doc_id, pieces in group:
+                content, digest, source, meta_json = ready[i]
+                heads.append(len(stmts))
+                stmts += self._write_stmts(doc_id, content, digest, source, meta_json, pieces, now,
+                                           PENDING if deciding else None)
+            results = await self.sql.batch(stmts)
+            for (i, doc_id, pieces), head in zip(group, heads, strict=True):
+                if results[head].changes:
+                    out[i] = BatchItem(index=i, status=201, result=_created(doc_id, ready[i][1], len(pieces), now))
+                    if deciding:
+                        out[i].result.decision = Decision(action="pending")
+                else:  # the same content stored concurrently
+                    later.append(i)
+        for i in later:
+            existing = await self._touch(ready[i][1], now, superseded=deciding)
+            out[i] = (BatchItem(index=i, status=200, result=existing) if existing is not None else BatchItem(
+                index=i, status=404, error=ItemError("not_found", "thought vanished during capture; retry", {})))
+        if writes:
+            self.on_enqueue()
+        results_list = [out[i] for i in range(len(items))]
+        return BatchCaptureResult(results=results_list, created=sum(r.status == 201 for r in results_list),
+                                  existing=sum(r.status == 200 for r in results_list),
+                                  failed=sum(r.status >= 400 for r in results_list))
+
+    async def _known_digests(self, digests: set[str], *, history: bool) -> set[str]:
+        """Which of ``digests`` are stored (or, with ``history``, were merged or replaced into a thought)."""
+        if not digests:
+            return set()
+        found = await self.sql.rows("SELECT content_hash FROM documents WHERE organization_id = ?1 "
+                                    "AND content_hash IN (SELECT value FROM json_each(?2))", [json.dumps(sorted(digests))])
+        out = {r["content_hash"] for r in found}
+        if history:
+            moved = await self.sql.rows("SELECT content_hash FROM thought_history WHERE organization_id = ?1 "
+                                        "AND content_hash IN (SELECT value FROM json_each(?2))", [json.dumps(sorted(digests))])
+            out |= {r["content_hash"] for r in moved}
+        return out
+
+    def _write_stmts(self, doc_id: str, content: str, digest: str, source: str | None, meta_json: str,
+                     pieces: list[str], now: int, decision: str | None) -> list[Statement]:
+        """The statements that store one thought: its row (nothing when its content is already stored), its chunks
+        and its jobs (enrichment first: its tags go in the vectors)."""
+        stmts = [self.sql.stmt(
+            "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, updated_at, "
+            "decision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT(organization_id, content_hash) DO NOTHING",
+            doc_id, content, digest, source, meta_json, now, decision)]
+        stmts += [self.sql.stmt(
+            "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
+            "SELECT ?1, ?2, 'thought', ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 "
+            "AND id = ?3)", new_id(), doc_id, ordinal, piece, self.embedder.count_tokens(piece))
+            for ordinal, piece in enumerate(pieces)]
+        stmts.append(enqueue_enrich(self.sql, doc_id, now))
+        stmts.append(enqueue_embed(self.sql, doc_id, now, only_if_parent_in="documents"))
+        return stmts
 
     async def _write(
         self, content: str, digest: str, source: str | None, meta_json: str, pieces: list[str], now: int,
-        *, doc_id: str | None = None, extra: list | None = None,
+        *, doc_id: str | None = None, extra: list | None = None, decision: str | None = None,
     ) -> CaptureResult:
         doc_id = doc_id or new_id()
-        stmts = [
-            self.sql.stmt(
-                "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, updated_at) "
-                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) ON CONFLICT(organization_id, content_hash) DO NOTHING",
-                doc_id, content, digest, source, meta_json, now,
-            )
-        ]
-        for ordinal, piece in enumerate(pieces):
-            stmts.append(
-                self.sql.stmt(
-                    "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
-                    "SELECT ?1, ?2, 'thought', ?3, ?4, ?5, ?6 "
-                    "WHERE EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 AND id = ?3)",
-                    new_id(), doc_id, ordinal, piece, self.embedder.count_tokens(piece),
-                )
-            )
-        stmts.append(enqueue_enrich(self.sql, doc_id, now))  # before the embedding: its tags go in the vectors
-        stmts.append(enqueue_embed(self.sql, doc_id, now, only_if_parent_in="documents"))
+        stmts = self._write_stmts(doc_id, content, digest, source, meta_json, pieces, now, decision)
         stmts.extend(extra or ())
         results = await self.sql.batch(stmts)
         if results[0].changes == 0:  # a concurrent capture of the same content won the race
@@ -198,15 +303,7 @@ class Thoughts:
                 raise NotFound("thought vanished during capture; retry")
             return existing
         self.on_enqueue()
-        return CaptureResult(
-            id=doc_id,
-            created=True,
-            content_hash=digest,
-            chunks=len(pieces),
-            indexing=IndexingState(state="pending", chunks_total=len(pieces), chunks_indexed=0),
-            created_at=now,
-            updated_at=now,
-        )
+        return _created(doc_id, digest, len(pieces), now)
 
     async def _result_of(self, doc_id: str | None) -> CaptureResult | None:
         row = await self.sql.one(

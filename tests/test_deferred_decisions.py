@@ -1,0 +1,187 @@
+"""Write-time decisions made by the worker for captures that did not wait for theirs (services.thoughts.deferred):
+the capture answers at once with decision "pending", and the embedding round decides, with the first chunk's vector
+it has just computed. In process, on the real embedded stores, with the scripted embedder (exact similarities) and
+the scripted language model of tests/decision_doubles.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.errors import NotFound
+from services.search.indexing import EmbedStage
+from services.thoughts.decisions import Decisions
+from services.thoughts.deferred import deferred_decisions
+from services.thoughts.thoughts import Thoughts
+from services.jobs.worker import JobWorker
+from tests.decision_doubles import ScriptedEmbedder, ScriptedLLM, basis, near
+from tests.stores import make_stores
+
+OLD = "The team offsite is in Lisbon in the first week of May."
+NEW = "The team offsite moved to Porto for the first week of May."
+
+
+async def _noop(sql, vectors, embedder, job):
+    return None
+
+
+class Env:
+    def __init__(self, stores, emb, llm=None, *, decisions: bool = True) -> None:
+        self.stores, self.emb, self.llm = stores, emb, llm
+        self.enabled = decisions
+
+        def factory(sql, vectors):
+            return Decisions(sql, vectors, emb, llm=self.llm, lexical_gate=True) if self.enabled else None
+
+        self.worker = JobWorker(stores, emb, handlers={"enrich": _noop}, stages={
+            "embed": EmbedStage(before_upsert=deferred_decisions(factory, lambda org_id: self.worker.wake(org_id)))})
+
+    async def thoughts(self) -> Thoughts:
+        store = await self.stores.open("org_a")
+        return Thoughts(store.sql, store.vectors, self.emb,
+                        decisions=Decisions(store.sql, store.vectors, self.emb, llm=self.llm, lexical_gate=True))
+
+    async def drain(self) -> None:
+        self.worker.wake("org_a")
+        await self.worker.drain()
+
+    async def vector_parents(self) -> set[str]:
+        index = (await self.stores.open("org_a")).index
+        return {i.split(":", 1)[1] for i in await index.ids_in_namespace("org_a")}
+
+
+@pytest.fixture
+async def make_env(tmp_path):
+    made = []
+
+    async def make(llm=None, *, decisions: bool = True) -> Env:
+        emb = ScriptedEmbedder()
+        control, stores = await make_stores(tmp_path / str(len(made)), emb, orgs=("org_a",))
+        made.append((control, stores))
+        return Env(stores, emb, llm, decisions=decisions)
+
+    yield make
+    for control, stores in made:
+        await stores.close()
+        await control.close()
+
+
+async def chunk_ids(t: Thoughts, doc_id: str) -> set[str]:
+    return {c.id for c in (await t.get(doc_id)).chunks}
+
+
+async def test_a_capture_answers_pending_and_the_worker_records_its_decision(make_env):
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    old = await t.capture(OLD)
+    assert old.decision.action == "pending" and old.created
+    await env.drain()
+    assert (await t.get(old.id)).decision.action == "created"
+    env.emb.set(NEW, near(0, 1, 0.90))  # 0.85-0.95 without a model: kept, flagged
+    new = await t.capture(NEW)
+    assert new.decision.action == "pending"
+    assert (await t.get(new.id)).decision.action == "pending"  # until the worker has embedded it
+    await env.drain()
+    decided = (await t.get(new.id)).decision
+    assert decided.action == "flagged" and decided.related_id == old.id and decided.similarity == pytest.approx(0.9, abs=1e-3)
+    assert await chunk_ids(t, new.id) <= await env.vector_parents()  # its vectors are written
+
+
+async def test_a_near_duplicate_goes_to_the_history_and_never_gets_vectors(make_env):
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    old = (await t.capture(OLD)).id
+    await env.drain()
+    env.emb.set(NEW, near(0, 1, 0.97))
+    new = await t.capture(NEW)
+    new_chunks = await chunk_ids(t, new.id)
+    await env.drain()
+    with pytest.raises(NotFound):
+        await t.get(new.id)
+    entries = (await t.history.list(old)).entries
+    assert [e.content for e in entries] == [NEW] and "duplicate" in (entries[0].reason or "")
+    assert not new_chunks & await env.vector_parents()
+    # the decision can be undone: restoring brings the thought back as it was captured
+    restored = await t.history.restore(old, entries[0].id)
+    assert (await t.get(restored.id)).content == NEW
+
+
+async def test_captures_of_one_round_are_decided_in_the_order_they_came(make_env):
+    """Two near-identical notes captured together are embedded in one round: the first stands, the second is its
+    duplicate (it must not be the other way round, nor both)."""
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    env.emb.set(NEW, near(0, 1, 0.97))
+    first = await t.capture(OLD)
+    second = await t.capture(NEW)
+    await env.drain()
+    assert (await t.get(first.id)).decision.action == "created"
+    with pytest.raises(NotFound):
+        await t.get(second.id)
+    assert [e.content for e in (await t.history.list(first.id)).entries] == [NEW]
+
+
+async def test_unrelated_notes_are_created_without_a_vector_lookup(make_env, monkeypatch):
+    env = await make_env()
+    t = await env.thoughts()
+    queried = []
+    store = await env.stores.open("org_a")
+    real_query = type(store.vectors).query
+
+    async def counting(self, *args, **kwargs):
+        queried.append(1)
+        return await real_query(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store.vectors), "query", counting)
+    ids = [(await t.capture(text)).id for text in (
+        "Sourdough starters need feeding twice daily with rye flour.",
+        "The bicycle shed roof leaks over the north rack after heavy rain.",
+        "Quarterly tax filings are due on the fifteenth of the month.")]
+    await env.drain()
+    assert [(await t.get(i)).decision.action for i in ids] == ["created"] * 3
+    assert queried == []  # the lexical gate (one SQL batch for the round) found nothing close
+
+
+@pytest.mark.parametrize("answer,outcome", [
+    ({"action": "contradiction", "conflicting_id": "m1", "reason": "city changed"}, "contradiction"),
+    ({"action": "replace", "target_id": "m1"}, "replaced"),
+    ({"action": "merge", "target_id": "m1", "merged_content": "The team offsite is in Porto (was Lisbon), first week of May."},
+     "merged"),
+])
+async def test_with_a_model_the_worker_carries_out_its_answer(make_env, answer, outcome):
+    env = await make_env(ScriptedLLM(answer))
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    old = (await t.capture(OLD)).id
+    await env.drain()
+    env.emb.set(NEW, near(0, 1, 0.90))
+    new = await t.capture(NEW)
+    await env.drain()
+    detail = await t.get(new.id)
+    assert detail.decision.action == outcome and detail.decision.related_id == old
+    if outcome == "contradiction":
+        assert [(link.thought_id, link.kind) for link in detail.links] == [(old, "contradicts")]
+        assert (await t.get(old)).content == OLD
+        return
+    with pytest.raises(NotFound):
+        await t.get(old)  # superseded: in the new thought's history
+    history = [(e.original_id, e.action) for e in (await t.history.list(new.id)).entries]
+    assert (old, outcome) in history
+    if outcome == "merged":
+        assert detail.content == answer["merged_content"]
+        assert NEW in [e.content for e in (await t.history.list(new.id)).entries]  # its own text kept
+        assert detail.indexing.state == "indexed"  # the merged text's chunks embedded in a later round
+        assert {c.content for c in detail.chunks} == {answer["merged_content"]}
+
+
+async def test_decisions_turned_off_after_a_capture_leave_it_undecided_and_indexed(make_env):
+    env = await make_env(decisions=False)
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    res = await t.capture(OLD)
+    assert res.decision.action == "pending"
+    await env.drain()
+    detail = await t.get(res.id)
+    assert detail.decision is None and detail.indexing.state == "indexed"
