@@ -328,7 +328,8 @@ class EnrichStage:
             enricher._vocab_stmt()])
         coined: dict[str, int] = {}
         items = []
-        for d in docs.rows:
+        order = {j.target_id: i for i, j in enumerate(jobs)}  # in capture order (a daily budget spends in that order)
+        for d in sorted(docs.rows, key=lambda d: order.get(d["id"], 0)):
             if d["enrichment_state"] is not None:
                 continue
             e = await enricher.compute(d["content"], enricher._vocab(vocab.rows, coined))
