@@ -69,7 +69,7 @@ async def open_org(data_dir: Path, embedder: str, slug: str):
     await memex.start(worker=False)
     org, issued = await memex.orgs.create(name=slug, slug=slug)
     ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="bench", scopes=frozenset({"read", "write", "admin"}))
-    return memex, memex.for_org(ctx), issued.raw
+    return memex, await memex.for_org(ctx), issued.raw
 
 
 async def load(svc, conversations: list[list[tuple[str, str]]], per_call: int) -> tuple[list[str], float]:
