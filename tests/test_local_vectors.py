@@ -248,6 +248,53 @@ async def test_filtered_results_match_brute_force(index):
             assert await ids_of(index, q, top_k=20, filter=flt) == truth
 
 
+async def test_a_rare_filter_stays_exact_through_writes(index):
+    """A filter few rows pass is remembered per namespace (a mask) after its first search; upserts that change
+    a row's verdict, new rows, deletes (swap-remove) and the matrix growing and shrinking must keep it exact."""
+    rng = np.random.default_rng(11)
+    truth_vecs: dict[str, np.ndarray] = {}
+    truth_meta: dict[str, dict] = {}
+
+    async def put(items):
+        await index.upsert([Vector(vid, v, "A", m) for vid, v, m in items])
+        for vid, v, m in items:
+            truth_vecs[vid], truth_meta[vid] = v / np.linalg.norm(v), m
+
+    async def check(flt, want):
+        for _ in range(3):
+            q = rng.normal(size=DIMS).astype(np.float32)
+            qn = q / np.linalg.norm(q)
+            ok = [vid for vid in truth_vecs if want(truth_meta[vid])]
+            ok.sort(key=lambda vid: -float(truth_vecs[vid] @ qn))
+            got = await ids_of(index, q, top_k=10, filter=flt)
+            assert got == ok[:10]
+
+    rare = {"kind": {"$in": ["turn", "conversation"]}}
+    want = lambda m: m["kind"] in ("turn", "conversation")  # noqa: E731
+    await put([(f"v{i}", rng.normal(size=DIMS).astype(np.float32),
+                {"kind": "conversation" if i % 100 == 0 else "thought"}) for i in range(3000)])
+    await check(rare, want)  # 1%: the first search builds the mask
+    await put([(f"v{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "turn"}) for i in range(1, 40, 3)])
+    await put([(f"v{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "thought"}) for i in range(0, 1000, 200)])
+    await put([(f"new{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "turn" if i % 2 else "x"})
+               for i in range(3000)])  # the matrix grows
+    await check(rare, want)
+    gone = [f"v{i}" for i in range(0, 3000, 3)] + [f"new{i}" for i in range(0, 3000, 2)]
+    await index.delete_by_ids(gone)
+    for vid in gone:
+        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await check(rare, want)
+    rest = list(truth_vecs)
+    await index.delete_by_ids(rest[50:])  # the matrix shrinks
+    for vid in rest[50:]:
+        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await check(rare, want)
+    await check({"kind": "x"}, lambda m: m["kind"] == "x")
+    for i in range(12):  # more filters than a namespace remembers: the oldest are dropped, answers stay exact
+        await check({"kind": {"$ne": f"k{i}"}}, lambda m: True)
+    await check(rare, want)
+
+
 async def test_metadata_is_returned_on_request_and_is_a_copy(index):
     await index.upsert([Vector("a", e(0), "A", {"tags": ["x"], "kind": "note"})])
     (m,) = await index.query(e(0), top_k=1, namespace="A", return_metadata=True)
@@ -412,6 +459,47 @@ async def test_big_namespace_code_paths_give_the_same_answers(index, monkeypatch
     for a, b in zip(small, big, strict=True):
         assert [m.id for m in a] == [m.id for m in b]
         assert [m.score for m in a] == pytest.approx([m.score for m in b], abs=1e-6)
+
+
+async def test_the_int8_first_pass_finds_the_exact_answer(monkeypatch):
+    """Big namespaces rank candidates by their int8 copies, then score those exactly: the results (ids, order and
+    scores) must be the float32 scan's, unfiltered, under a filter most rows pass, under a rare one (a mask),
+    and after writes that change rows (the int8 copy follows every upsert, move and delete)."""
+    import services.adapters.vector_matrix as matrix
+
+    dims = 64
+    rng = np.random.default_rng(9)
+    centres = rng.normal(size=(20, dims)).astype(np.float32)
+    vecs = rng.normal(size=(3000, dims)).astype(np.float32)
+    vecs[:1500] = centres[rng.integers(0, 20, size=1500)] + 0.3 * rng.normal(size=(1500, dims)).astype(np.float32)
+    meta = [{"k": "rare" if i % 50 == 0 else "common"} for i in range(3000)]
+
+    async def answers(idx, queries):
+        out = []
+        for q in queries:
+            for flt in (None, {"k": "common"}, {"k": "rare"}):
+                for k in (1, 10, 100):
+                    got = await idx.query(q, top_k=k, namespace="A", filter=flt)
+                    out.append([(m.id, round(m.score, 5)) for m in got])
+        return out
+
+    exact = LocalVectorIndex(None, dimensions=dims, model=MODEL)
+    quant = LocalVectorIndex(None, dimensions=dims, model=MODEL)
+    try:
+        queries = np.concatenate([centres + 0.3 * rng.normal(size=(20, dims)).astype(np.float32),
+                                  vecs[3:3000:97], vecs[2800:3000:9]])  # rows themselves (the last ones move on delete)
+        for idx in (exact, quant):
+            await idx.upsert([Vector(f"v{i}", vecs[i], "A", meta[i]) for i in range(3000)])
+            await idx.query(vecs[0], top_k=1, namespace="A")  # loaded: the writes below change it in memory
+            await idx.upsert([Vector(f"v{i}", -vecs[i], "A", {"k": "rare"}) for i in range(0, 3000, 7)])
+            await idx.upsert([Vector(f"v{i}", vecs[i], "B", {}) for i in range(1, 3000, 11)])  # moved away
+            await idx.delete_by_ids([f"v{i}" for i in range(2, 3000, 13)])
+        want = await answers(exact, queries)
+        monkeypatch.setattr(matrix, "QUANTIZED_MIN_ROWS", 1)
+        assert await answers(quant, queries) == want
+    finally:
+        await exact.close()
+        await quant.close()
 
 
 # -- durability and model identity ------------------------------------------------------------------

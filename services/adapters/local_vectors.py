@@ -448,7 +448,9 @@ class LocalVectorIndex:
             space = self._spaces.get(namespace)
         if space is None:
             space = await asyncio.to_thread(self._load_sync, namespace)
-        args = (q, top_k, predicate, bool(return_metadata), bool(return_values))
+        # the filter's canonical JSON names its mask (services.adapters.vector_matrix keeps the recent ones)
+        key = json.dumps(filter, sort_keys=True, separators=(",", ":")) if predicate is not None else None
+        args = (q, top_k, predicate, bool(return_metadata), bool(return_values), key)
         if space.n * self.dimensions <= INLINE_QUERY_MAX_FLOATS:
             return search_locked(space, args)
         return await asyncio.to_thread(search_locked, space, args)
