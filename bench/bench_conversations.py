@@ -290,7 +290,8 @@ async def http_latency(args, data_dir: Path, key: str, ids: list[str], data, rng
 
 def storage(memex: Memex, n_msgs: int, conversations, data_dir: Path) -> None:
     raw = sum(len(c.encode("utf-8")) for turns in conversations for _, c in turns)
-    with sqlite3.connect(data_dir / "memex.sqlite3") as db:
+    org_db = next((data_dir / "orgs").glob("*/memex.sqlite3"))  # the organization's own database
+    with sqlite3.connect(org_db) as db:
         stored, by_enc = 0, {}
         for enc, n, size in db.execute(
             "SELECT content_encoding, COUNT(*), SUM(LENGTH(CAST(content AS BLOB))) FROM messages GROUP BY 1"
@@ -298,7 +299,7 @@ def storage(memex: Memex, n_msgs: int, conversations, data_dir: Path) -> None:
             by_enc[enc] = n
             stored += size
         chunk_bytes = db.execute("SELECT SUM(LENGTH(CAST(content AS BLOB))) FROM chunks").fetchone()[0]
-    file_bytes = (data_dir / "memex.sqlite3").stat().st_size
+    file_bytes = org_db.stat().st_size
     print(f"storage, scale set: content {raw / n_msgs:,.0f} B/message before, {stored / n_msgs:,.0f} B/message after "
           f"({raw / stored:.2f}x; encodings {by_enc})")
     print(f"  for context: window text {chunk_bytes / n_msgs:,.0f} B/message (uncompressed, as the seed), "

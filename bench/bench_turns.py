@@ -110,7 +110,7 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
         try:
             org, _ = await memex.orgs.create(name="bench turns", slug="bench-turns")
             ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="bench", scopes=frozenset({"read", "write"}))
-            svc = memex.for_org(ctx)
+            svc = await memex.for_org(ctx)
             print(f"product: embedder {type(memex.backend.embedder).__name__} ({memex.backend.embedder.model_id}); "
                   f"message times {'given (created_at, session)' if timed else 'not supported by this version'}")
             print("knobs: none (product defaults; the worker is drained in-process instead of polling); the "
@@ -131,7 +131,7 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
             loaded = time.perf_counter() - t0
             t0 = time.perf_counter()
             await memex.worker.drain(timeout=7200)
-            n = (await memex.backend.db.execute("SELECT kind, COUNT(*) AS n FROM chunks GROUP BY kind")).rows
+            n = await svc.search.sql.rows("SELECT kind, COUNT(*) AS n FROM chunks WHERE organization_id = ?1 GROUP BY kind")
             print(f"loaded in {loaded:.1f} s; embedded {', '.join(str(r['n']) + ' ' + r['kind'] for r in n)} chunks in "
                   f"{time.perf_counter() - t0:.1f} s")
             back = {cid: ci for ci, cid in enumerate(ids)}

@@ -54,7 +54,7 @@ async def run(data_dir: Path, dataset: Path, grid: list[tuple[float | None, floa
     state = json.loads((data_dir / "bench_scifact.json").read_text())
     memex = Memex(Settings(data_dir=data_dir))
     await memex.start(worker=False)
-    org = memex.for_org(AuthContext(org_id=state["org_id"], org_slug=state["slug"], principal="bench",
+    org = await memex.for_org(AuthContext(org_id=state["org_id"], org_slug=state["slug"], principal="bench",
                                     scopes=frozenset({"read"})))
     queries_all = load_queries(dataset)
     qrels = load_qrels(dataset, "test")

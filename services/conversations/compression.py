@@ -43,7 +43,8 @@ def decode_content(stored: str, encoding: str | None) -> str:
         return stored
     if encoding == GZIP_BASE64:
         try:
-            return gzip.decompress(base64.b64decode(stored, validate=True)).decode("utf-8")
+            # zlib reads the single gzip member encode_content writes (gzip.decompress parses headers in Python)
+            return zlib.decompress(base64.b64decode(stored, validate=True), wbits=31).decode("utf-8")
         except (binascii.Error, OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
             raise BackendError("a stored message could not be decompressed", details={"reason": str(exc)}) from exc
     raise BackendError(f"unknown content_encoding {encoding!r}")

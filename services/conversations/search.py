@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -114,9 +114,15 @@ def _stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Stemmed content words of ``text`` (stop words dropped unless nothing else is left)."""
-    words = [w.lower() for w in _WORD.findall(text)]
+    return _analyse(text)[0]
+
+
+def _analyse(text: str) -> tuple[list[str], str]:
+    """One pass over a message: its ``terms`` and its content words joined by spaces (what ``_closeness``
+    compares the query's trigrams with)."""
+    words = _WORD.findall(text.lower())
     content = [w for w in words if w not in _STOP]
-    return [_stem(w) for w in (content or words)]
+    return [_stem(w) for w in (content or words)], " ".join(content)
 
 
 def _trigrams(text: str) -> set[str]:
@@ -129,11 +135,31 @@ def _trigrams(text: str) -> set[str]:
     return out
 
 
-def _closeness(q_trigrams: set[str], text: str) -> float:
-    """Character-trigram closeness of a text to the query, normalised for the text's length (0..1)."""
+#: Analysed messages (``_analyse``) kept between searches, by (organization, message id): a message's text never
+#: changes (compression re-encodes it, the same text), and the candidates of related queries overlap.
+ANALYSED_CACHE = 20_000
+_ANALYSED: OrderedDict[tuple[str, str], tuple[list[str], str]] = OrderedDict()
+
+
+def _analysed(org_id: str, row: dict[str, Any]) -> tuple[list[str], str]:
+    key = (org_id, row["id"])
+    hit = _ANALYSED.get(key)
+    if hit is not None:
+        _ANALYSED.move_to_end(key)
+        return hit
+    hit = _ANALYSED[key] = _analyse(decode_content(row["content"], row["content_encoding"]))
+    if len(_ANALYSED) > ANALYSED_CACHE:
+        _ANALYSED.popitem(last=False)
+    return hit
+
+
+def _closeness(q_trigrams: set[str], text: str, words: str | None = None) -> float:
+    """Character-trigram closeness of a text to the query, normalised for the text's length (0..1). ``words``:
+    the text's content words joined by spaces, when ``_analyse`` already made them."""
     if not q_trigrams:
         return 0.0
-    words = " ".join(w for w in _WORD.findall(text.lower()) if w not in _STOP)
+    if words is None:
+        words = _analyse(text)[1]
     if not words:
         return 0.0
     padded = f" {words} "
@@ -247,8 +273,8 @@ class ConversationHydrator:
                 and (hi_t is None or msgs[k]["created_at"] <= hi_t)]
         if not keys:
             return []
-        texts = {k: decode_content(msgs[k]["content"], msgs[k]["content_encoding"]) for k in keys}
-        docs = {k: terms(texts[k]) for k in keys}
+        analysed = {k: _analysed(sql.org_id, msgs[k]) for k in keys}
+        docs = {k: a[0] for k, a in analysed.items()}
         bm25 = _Bm25(terms(opts.query), list(docs.values()))
         full = bm25.full()
         local_bm25 = dict(zip(keys, bm25.scores([docs[k] for k in keys]), strict=True))
@@ -261,7 +287,7 @@ class ConversationHydrator:
         for k in keys:
             turn = turn_of[k][0] if k in turn_of else turn_floor
             window = window_of[k][0] if k in window_of else window_floor
-            local = (local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, texts[k])
+            local = (local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, "", analysed[k][1])
                      + (W_USER if msgs[k]["role"] == "user" else 0.0))
             score = W_TURN * turn + W_WINDOW * window + W_LOCAL * local
             in_range = dated is not None and dated[0] <= msgs[k]["created_at"] <= dated[1]
@@ -273,12 +299,13 @@ class ConversationHydrator:
 
         picked = _diverse(scored, {k: (k[0], msgs[k]["session"]) for k in keys},
                           {k: (k[0], " ".join(docs[k])) for k in keys}, opts.top_k)
-        return await self._hits(sql, picked, msgs, texts, turn_of, window_of, chunks, parts, dated, opts)
+        return await self._hits(sql, picked, msgs, turn_of, window_of, chunks, parts, dated, opts)
 
-    async def _hits(self, sql: OrgSql, picked: list[tuple[tuple[str, int], float]], msgs, texts, turn_of, window_of,
+    async def _hits(self, sql: OrgSql, picked: list[tuple[tuple[str, int], float]], msgs, turn_of, window_of,
                     chunks, parts, dated, opts: Any) -> list[SearchHit]:
         if not picked:
             return []
+        texts = {k: decode_content(msgs[k]["content"], msgs[k]["content_encoding"]) for k, _ in picked}
         ranges = [[cid, max(1, s - CONTEXT), s + CONTEXT] for (cid, s), _ in picked]
         ctx_rows, turn_rows, convs = await _gather(
             sql.rows(

@@ -21,7 +21,7 @@ from services.ids import now_ms
 from services.text.temporal import resolve_relative
 
 __all__ = ["KEYWORD_DEPTH", "VECTOR_DEPTH", "VECTOR_WEIGHT", "Candidate", "KeywordRow", "VectorRow", "fuse",
-           "explain_candidate", "query_terms", "floor_terms", "fts_query"]
+           "explain_candidate", "query_terms", "floor_terms", "fts_query", "fts_phrases"]
 
 #: Chunks each side fetches, whatever top_k (x4 on the keyword side under a tag filter, applied on hydration).
 #: SciFact test nDCG@10, convex fusion: 73.43 at 30 per side (what top_k=10 fetched before), 73.56 at 100;
@@ -65,7 +65,12 @@ def fts_query(text: str) -> str | None:
     content = query_terms(text)
     if not content:
         return None
-    return " OR ".join(f'"{w}"' for w in content)
+    return fts_phrases(content)
+
+
+def fts_phrases(words: Sequence[str]) -> str:
+    """Words (from ``query_terms``: no double quote can be in one) as quoted FTS5 phrases, ORed."""
+    return " OR ".join(f'"{w}"' for w in words)
 
 
 @dataclass(slots=True)
