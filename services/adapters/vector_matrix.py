@@ -5,12 +5,12 @@ metadata alongside, and the cosine search over it. Scores are always the exact f
 over the int8 rows (SimSIMD's int8 dot product: a quarter of the memory to read, the scan's real cost) picks
 ``2 * depth + 100`` candidates and the float32 rows of those alone are scored and ranked. The int8 pass
 decides only which rows are rescored: recall@100 against the float32 scan was 1.000 on 100k clustered and
-random unit vectors (bench/bench_vector_libs.py), at a third of the time. Under a filter, the best candidates are walked in score order
-first (a window of ``4 * top_k``, at least 64): a filter most rows pass is done there. When too few pass, the
-filter's verdict on every row becomes a boolean mask, kept per namespace for its ``MASKS`` most recently used
-filters and maintained on every write (one predicate call per filter per written row), and the search scores
-only the rows the mask lets through (gathered when they are a minority): a 1% filter over 10k rows went from
-17 ms (walking every row in Python) to about 1 ms (bench/bench_vector_libs.py). ``unit_rows`` and
+random unit vectors (bench/bench_vector_libs.py), at a third of the time. Under a filter, the best candidates
+are walked in score order first (a window of ``4 * top_k``, at least 64): a filter most rows pass is done there.
+When too few pass, the filter's verdict on every row becomes a boolean mask, kept per namespace for its
+``MASKS`` most recently used filters and maintained on every write (one predicate call per filter per written
+row), and the search scores only the rows the mask lets through: a 1% filter over 10k rows went from 17 ms
+(walking every row in Python) to about 1 ms (bench/bench_vector_libs.py). ``unit_rows`` and
 ``unit_query`` check and normalise what goes in.
 
 Thread-safety: the caller holds ``Namespace.lock`` (``search_locked`` takes it for a search).
