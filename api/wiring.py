@@ -186,9 +186,11 @@ class Memex:
         task.add_done_callback(self._hint_tasks.discard)
 
     async def _hint(self, org_id: str) -> None:
+        at = now_ms()
+        self.worker.own_hint(org_id, at)
         try:
             await self.control.execute(
-                "UPDATE org_databases SET work_at = MAX(work_at, ?) WHERE organization_id = ?", (now_ms(), org_id))
+                "UPDATE org_databases SET work_at = MAX(work_at, ?) WHERE organization_id = ?", (at, org_id))
         except Exception:  # the worker's own wake and the start-up scan still find the jobs
             log.warning("work hint for %s not written", org_id, exc_info=True)
 

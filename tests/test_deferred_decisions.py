@@ -5,6 +5,8 @@ the scripted language model of tests/decision_doubles.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from services.errors import NotFound
@@ -185,3 +187,75 @@ async def test_decisions_turned_off_after_a_capture_leave_it_undecided_and_index
     await env.drain()
     detail = await t.get(res.id)
     assert detail.decision is None and detail.indexing.state == "indexed"
+
+
+def _record_sql(db) -> list[str]:
+    """Every request the organization's database gets from now on (a batch is one), as its statements' text."""
+    seen: list[str] = []
+    execute, batch = db.execute, db.batch
+
+    async def counting_execute(sql, params=()):
+        seen.append(sql)
+        return await execute(sql, params)
+
+    async def counting_batch(statements):
+        seen.append(" ;; ".join(st.sql for st in statements))
+        return await batch(statements)
+
+    db.execute, db.batch = counting_execute, counting_batch
+    return seen
+
+
+@pytest.mark.parametrize("n", [2, 6])
+async def test_a_rounds_decisions_cost_the_same_round_trips_however_many_thoughts(make_env, n):
+    """On D1 every round trip is an API request: the round reads its pending thoughts and asks the gate in one batch,
+    reads the candidates of all its thoughts at once, and records the decisions in the batch that marks the chunks
+    indexed. (Each thought still has its own vector query.)"""
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    old = (await t.capture(OLD)).id
+    await env.drain()
+    texts = [f"{NEW} Item {i}." for i in range(n)]
+    for i, text in enumerate(texts):
+        env.emb.set(text, near(0, 2 + i, 0.6))  # near the old one (a candidate), not near each other
+    ids = [(await t.capture(text)).id for text in texts]
+    seen = _record_sql((await env.stores.open("org_a")).sql.db)
+    await env.drain()
+    decided = [(await t.get(i)).decision for i in ids]
+    assert [d.action for d in decided] == ["created"] * n  # 0.6 without a model: created
+    about_decisions = [s for s in seen if "decision" in s or "chunks_fts" in s or "substr(content" in s]
+    assert len(about_decisions) == 3, about_decisions  # pending thoughts + gate; candidates; records + indexed
+    assert "substr(content" in about_decisions[1] and "SET indexed_at" in about_decisions[2]
+    assert (await t.get(old)).decision.action == "created"
+
+
+async def test_a_thought_decided_again_after_a_failed_round_is_not_its_own_duplicate(make_env):
+    """The round's records go in its last batch, after the vectors are written: when that batch fails, the job runs
+    again and finds the thought's own vector in the index, which must not make it a duplicate of itself."""
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    old = (await t.capture(OLD)).id
+    await env.drain()
+    env.emb.set(NEW, near(0, 1, 0.6))
+    new = (await t.capture(NEW)).id
+    db = (await env.stores.open("org_a")).sql.db
+    batch = db.batch
+    failed = []
+
+    async def failing_once(statements):
+        if not failed and "SET indexed_at" in statements[0].sql:
+            failed.append(1)
+            raise RuntimeError("the request was lost")
+        return await batch(statements)
+
+    db.batch = failing_once
+    await env.drain()
+    assert failed and await chunk_ids(t, new) <= await env.vector_parents()  # its vectors were written
+    assert (await t.get(new)).decision.action == "pending"  # but its round's last batch failed
+    await asyncio.sleep(1.1)  # the retry's backoff
+    await env.drain()
+    detail = await t.get(new)  # still there: not moved to its own history
+    assert detail.decision.action == "created" and detail.indexing.state == "indexed"
+    assert (await t.get(old)).decision.action == "created"

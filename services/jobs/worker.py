@@ -166,6 +166,8 @@ class JobWorker:
         self._probe_wait = 0.5
         #: The newest work hint seen in the control database (org_databases.work_at, epoch ms).
         self._hints_seen = now_ms()
+        #: Organization -> the work hint this process wrote for it last (``own_hint``): not news when read back.
+        self._own_hints: dict[str, int] = {}
 
     def wake(self, org_id: str | None = None) -> None:
         if org_id is not None:
@@ -256,14 +258,26 @@ class JobWorker:
                 pass
             self._wake.clear()
 
+    def own_hint(self, org_id: str, work_at: int) -> None:
+        """This process is writing the work hint ``work_at`` for ``org_id`` (its own worker was woken already): when
+        ``read_hints`` finds exactly that hint, it is not news, and the idle poll goes on backing off (on D1 every
+        poll is an API request)."""
+        self._own_hints[org_id] = work_at
+
     async def read_hints(self) -> int:
-        """Organizations that another process queued work for since the last look (one control query)."""
+        """Organizations that another process queued work for since the last look (one control query); how many."""
         rows = await self.stores.control.execute(
             "SELECT organization_id, work_at FROM org_databases WHERE work_at > ?", (self._hints_seen,))
+        news = 0
         for r in rows.rows:
-            self._hints_seen = max(self._hints_seen, int(r["work_at"]))
-            self._due.setdefault(r["organization_id"], 0)
-        return len(rows.rows)
+            at, org_id = int(r["work_at"]), r["organization_id"]
+            self._hints_seen = max(self._hints_seen, at)
+            if self._own_hints.get(org_id) == at:
+                del self._own_hints[org_id]
+                continue
+            self._due.setdefault(org_id, 0)
+            news += 1
+        return news
 
     @property
     def paused(self) -> str | None:

@@ -23,8 +23,8 @@ from services.jobs.worker import Collected, Job, settle_jobs
 from services.ports import Embedder, Statement, VectorIndex
 from services.storage.scoped import OrgSql, OrgVectors
 
-__all__ = ["EMBED_JOB", "KB_EMBED_JOB", "EmbedStage", "BeforeUpsert", "CHUNK_ROWS", "KNOWLEDGE_FIELDS", "enqueue_embed",
-           "embed_parent", "chunk_metadata",
+__all__ = ["EMBED_JOB", "KB_EMBED_JOB", "EmbedStage", "BeforeUpsert", "Decided", "CHUNK_ROWS", "KNOWLEDGE_FIELDS",
+           "enqueue_embed", "embed_parent", "chunk_metadata",
            "drop_vanished", "reconcile_org"]
 
 #: The job kind that embeds a parent's pending chunks, and the one that embeds a knowledge base's.
@@ -167,10 +167,18 @@ async def reconcile_org(sql: OrgSql, vectors: OrgVectors, index: VectorIndex) ->
     return (len(missing), len(stray))
 
 
+@dataclass
+class Decided:
+    """What a ``BeforeUpsert`` hook decided: the ids of chunks not to write (their thought went to the history as a
+    duplicate), and statements to run in the batch that marks the chunks indexed (decisions that only record)."""
+
+    skip: set[str] = field(default_factory=set)
+    statements: list[Statement] = field(default_factory=list)
+
+
 #: Called by the stage with one organization's embedded chunks before their vectors are written (the write-time
-#: decisions of captures that did not wait for theirs): returns the ids of chunks not to write (their thought went
-#: to the history as a duplicate).
-BeforeUpsert = Callable[[OrgSql, OrgVectors, list[dict], np.ndarray], Awaitable[set[str]]]
+#: decisions of captures that did not wait for theirs).
+BeforeUpsert = Callable[[OrgSql, OrgVectors, list[dict], np.ndarray], Awaitable[Decided]]
 
 
 @dataclass
@@ -235,12 +243,13 @@ class EmbedStage:
         fresh = iter(values)
         for i in range(len(rows)):
             matrix[i] = share.cached[i] if i in share.cached else next(fresh)
-        skip = await self.before_upsert(sql, vectors, rows, matrix) if self.before_upsert is not None and rows else set()
-        keep = [i for i, r in enumerate(rows) if r["id"] not in skip]
+        decided = await self.before_upsert(sql, vectors, rows, matrix) if self.before_upsert is not None and rows \
+            else Decided()
+        keep = [i for i, r in enumerate(rows) if r["id"] not in decided.skip]
         mutation = await vectors.upsert([(rows[i]["id"], matrix[i], chunk_metadata(rows[i])) for i in keep])
         pending = mutation if vectors.index.applies_writes_later else None  # Vectorize: confirmed by the worker
         ids = [rows[i]["id"] for i in keep]
-        stmts = settle_jobs(sql, collected)
+        stmts = decided.statements + settle_jobs(sql, collected)
         if ids:
             stmts.insert(0, sql.stmt(
                 "UPDATE chunks SET indexed_at = ?2, vector_mutation = ?3 "

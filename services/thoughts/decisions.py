@@ -34,23 +34,24 @@ the content hash, and a near-duplicate that slips through is kept (never lost), 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from services.errors import RateLimited
-from services.ports import LLM, ChatMessage, Embedder
+from services.ports import LLM, ChatMessage, Embedder, SqlResult, Statement, VectorMatch
 from services.search.recent_vectors import RecentVectors
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = [
     "DUPLICATE_BLOCK", "DUPLICATE_FLAG", "CANDIDATE_MIN", "Decisions", "Plan", "Similar", "validate_answer",
-    "COMBINED_SCHEMA", "CONTRADICTION_SCHEMA",
+    "COMBINED_SCHEMA", "CONTRADICTION_SCHEMA", "Prefetched",
 ]
 
 log = logging.getLogger("memex.decisions")
@@ -124,11 +125,19 @@ _GATE_SQL = (
 )
 
 
+#: The gate for a stored thought (``?4``): only the thoughts captured before it.
 _GATE_SQL_BEFORE = (
     "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
     "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid JOIN documents d ON d.organization_id = c.organization_id "
-    "AND d.id = c.parent_id WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
-    "AND c.kind = 'thought' AND (d.created_at < ?4 OR (d.created_at = ?4 AND d.id < ?5)) ORDER BY rank LIMIT ?3"
+    "AND d.id = c.parent_id JOIN documents me ON me.organization_id = ?1 AND me.id = ?4 "
+    "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+    "AND c.kind = 'thought' AND (d.created_at < me.created_at OR (d.created_at = me.created_at AND d.id < ?4)) "
+    "ORDER BY rank LIMIT ?3"
+)
+#: What a decision shows of a candidate (the model's prompt, the salient facts): continued with the ids' JSON array.
+_PROMPT_ROWS = (
+    "SELECT id, substr(content, 1, ?2) AS content, length(content) AS chars FROM documents "
+    "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?3))"
 )
 
 
@@ -144,6 +153,19 @@ class Similar:
     score: float
     content: str = ""
     truncated: bool = False
+
+
+@dataclass(slots=True)
+class Prefetched:
+    """What a worker's round read at once for the decisions of its thoughts (``Decisions.prefetch``): each thought's
+    vector matches, and what the decisions show of the thoughts they may be compared with (``asked``: the ids read;
+    one of them missing from ``rows`` is gone)."""
+
+    matches: dict[str, list[VectorMatch]]
+    rows: dict[str, dict[str, Any]]
+    asked: set[str]
+    #: Text -> its vector: the gate's close thoughts not searchable yet, embedded for the whole round in one call.
+    texts: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -258,60 +280,121 @@ class Decisions:
     async def embed(self, text: str) -> np.ndarray:
         return (await self.embedder.embed([text]))[0]
 
+    async def _matches(self, vector: np.ndarray) -> list[VectorMatch]:
+        return await self.vectors.query(
+            vector, top_k=MAX_CANDIDATES * OVERFETCH, filter={"kind": {"$eq": "thought"}}, return_metadata=True
+        )
+
+    async def prefetch(self, asks: Sequence[tuple[str, np.ndarray]], also: Sequence[str] = (),
+                       pending: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+                       in_hand: Mapping[str, np.ndarray] | None = None, concurrency: int = 4) -> Prefetched:
+        """For a worker's round: the vector matches of each ``(thought id, vector)`` in ``asks`` (one index query
+        each, a few at a time); the texts of ``pending`` (thought id -> the gate's close thoughts not searchable
+        yet, (id, text)) that its matches do not cover, embedded in one call (``in_hand``: text -> a vector the
+        round has already); then in one SQL read what the decisions show of every thought they may be compared
+        with (the matches at or above ``CANDIDATE_MIN``, and ``also``: the round's own thoughts, the gate's)."""
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def one(vector: np.ndarray) -> list[VectorMatch]:
+            async with gate:
+                return await self._matches(vector)
+
+        found = await asyncio.gather(*(one(v) for _, v in asks))
+        matches = {doc_id: m for (doc_id, _), m in zip(asks, found, strict=True)}
+        ids = set(also)
+        texts: dict[str, np.ndarray] = {}
+        for doc_id, ms in matches.items():
+            parents = {(m.metadata or {}).get("parent_id") for m in ms}
+            for m in ms:
+                md = m.metadata or {}
+                if md.get("kind") == "thought" and md.get("parent_id") and m.score >= CANDIDATE_MIN:
+                    ids.add(md["parent_id"])
+            for p, text in (pending or {}).get(doc_id, ()):
+                if p not in parents and text not in texts:
+                    texts[text] = (in_hand or {}).get(text)
+        embed = [t for t, v in texts.items() if v is None]
+        if embed:
+            texts.update(zip(embed, await self.embedder.embed(embed), strict=True))
+        rows = {r["id"]: r for r in await self.sql.rows(_PROMPT_ROWS, [PROMPT_CHARS, json.dumps(sorted(ids))])} \
+            if ids else {}
+        return Prefetched(matches, rows, ids, texts)
+
     async def candidates(self, vector: np.ndarray, pending: Sequence[tuple[str, str]] = (),
-                         extra: Sequence[tuple[str, np.ndarray]] = ()) -> list[Similar]:
+                         extra: Sequence[tuple[str, np.ndarray]] = (), *, own_id: str | None = None,
+                         prefetched: Prefetched | None = None) -> list[Similar]:
         """The organization's thoughts nearest to ``vector`` (>= 0.45, best first, at most 5), each checked to
         still exist in SQL (the index can hold a vector of a thought deleted moments ago). ``pending``: (id, text)
         of close thoughts not in the index yet, embedded here; ``extra``: (id, vector) of thoughts whose vectors are
-        in hand (the worker's round)."""
+        in hand (the worker's round); ``own_id``: the stored thought being decided (never its own candidate);
+        ``prefetched``: what the round read at once (its matches for ``own_id``, the candidates' rows)."""
         best: dict[str, float] = {parent: float(np.dot(vector, v)) for parent, v in extra}
-        matches = await self.vectors.query(
-            vector, top_k=MAX_CANDIDATES * OVERFETCH, filter={"kind": {"$eq": "thought"}}, return_metadata=True
-        )
+        if prefetched is not None and own_id in prefetched.matches:
+            matches = prefetched.matches[own_id]
+        else:
+            matches = await self._matches(vector)
         for m in matches:
             md = m.metadata or {}
             parent = md.get("parent_id")
             if md.get("kind") == "thought" and parent and m.score > best.get(parent, -1.0):
                 best[parent] = float(m.score)
         missing = [(p, text) for p, text in pending if p not in best]  # not in the index, nor in hand
-        if missing:  # found by the lexical gate but not yet in the index: one small embedding call
-            values = await self.embedder.embed([text for _, text in missing])
-            for (parent, _), v in zip(missing, values, strict=True):
-                best[parent] = max(best.get(parent, -1.0), float(np.dot(vector, v)))
+        if missing:  # found by the lexical gate but not yet in the index: one small embedding call (or the round's)
+            known = prefetched.texts if prefetched is not None else {}
+            ask = list(dict.fromkeys(text for _, text in missing if text not in known))
+            values = {**known, **dict(zip(ask, await self.embedder.embed(ask), strict=True))} if ask else known
+            for parent, text in missing:
+                best[parent] = max(best.get(parent, -1.0), float(np.dot(vector, values[text])))
         if self.recent is not None:
             for parent, score in self.recent.similar(self.sql.org_id, vector):
                 if score > best.get(parent, -1.0):
                     best[parent] = score
+        best.pop(own_id, None)  # its own vector (written by an earlier attempt of its job) is not a candidate
         near = sorted(((p, s) for p, s in best.items() if s >= CANDIDATE_MIN), key=lambda x: x[1], reverse=True)
         near = near[:MAX_CANDIDATES]
         if not near:
             return []
-        rows = await self.sql.rows(
-            "SELECT id, substr(content, 1, ?3) AS content, length(content) AS chars FROM documents "
-            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-            [json.dumps([p for p, _ in near]), PROMPT_CHARS],
-        )
-        found = {r["id"]: r for r in rows}
+        found: dict[str, dict[str, Any]] = {}
+        ask = [p for p, _ in near]
+        if prefetched is not None:
+            found = {p: prefetched.rows[p] for p in ask if p in prefetched.rows}
+            ask = [p for p in ask if p not in prefetched.asked]
+        if ask:
+            found.update((r["id"], r) for r in await self.sql.rows(_PROMPT_ROWS, [PROMPT_CHARS, json.dumps(ask)]))
         return [
             Similar(p, min(1.0, s), found[p]["content"], found[p]["chars"] > PROMPT_CHARS)
             for p, s in near
             if p in found
         ]
 
-    async def plausible_many(self, first_chunks: Sequence[str], before: Sequence[tuple[int, str]]
+    async def plausible_many(self, first_chunks: Sequence[str], ids: Sequence[str]
                              ) -> list[list[tuple[str, str, bool]]]:
-        """``plausible`` for several stored thoughts in one round trip (one SQL batch: on D1 one request), each
-        against the thoughts captured before it (``before``: its created_at and id): itself and later ones are not
+        """``plausible`` for several stored thoughts (``ids``, with their first chunks) in one round trip (one SQL
+        batch: on D1 one request), each against the thoughts captured before it: itself and later ones are not
         what it is decided against."""
-        probes = [sorted(_words(t), key=lambda w: (-len(w), w))[:GATE_TERMS] for t in first_chunks]
-        asked = [i for i, probe in enumerate(probes) if probe]
-        results = await self.sql.batch([self.sql.stmt(
-            _GATE_SQL_BEFORE, " OR ".join(f'"{w}"' for w in probes[i]), GATE_CANDIDATES, before[i][0], before[i][1])
-            for i in asked]) if asked else []
+        stmts = self.plausible_stmts(first_chunks, ids)
+        asked = [st for st in stmts if st is not None]
+        return self.plausible_results(first_chunks, stmts, await self.sql.batch(asked) if asked else [])
+
+    def plausible_stmts(self, first_chunks: Sequence[str], ids: Sequence[str]) -> list[Statement | None]:
+        """The statements of ``plausible_many`` (None for a text with no word to probe), for a caller that sends them
+        in a batch of its own; ``plausible_results`` reads their results."""
+        out: list[Statement | None] = []
+        for text, doc_id in zip(first_chunks, ids, strict=True):
+            probe = sorted(_words(text), key=lambda w: (-len(w), w))[:GATE_TERMS]
+            out.append(self.sql.stmt(_GATE_SQL_BEFORE, " OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES, doc_id)
+                       if probe else None)
+        return out
+
+    @staticmethod
+    def plausible_results(first_chunks: Sequence[str], stmts: Sequence[Statement | None],
+                          results: Sequence[SqlResult]) -> list[list[tuple[str, str, bool]]]:
         out: list[list[tuple[str, str, bool]]] = [[] for _ in first_chunks]
-        for i, res in zip(asked, results, strict=True):
+        answers = iter(results)
+        for i, st in enumerate(stmts):
+            if st is None:
+                continue
             words = _words(first_chunks[i])
-            out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in res.rows
+            out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in next(answers).rows
                       if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
         return out
 
@@ -347,15 +430,18 @@ class Decisions:
 
     async def decide_embedded(self, content: str, vector: np.ndarray, *, multi_chunk: bool,
                               close: Sequence[tuple[str, str, bool]] | None = None,
-                              extra: Sequence[tuple[str, np.ndarray]] = ()) -> Plan:
+                              extra: Sequence[tuple[str, np.ndarray]] = (), own_id: str | None = None,
+                              prefetched: Prefetched | None = None) -> Plan:
         """The decision of a thought whose first chunk's vector is in hand (the worker's embedding round).
         ``close``: what the lexical gate found for it (``plausible_many``), None when the gate was not asked (a
         language model is configured, or the gate is off); ``extra``: (id, vector) of thoughts captured before it
-        whose vectors the index does not show yet."""
+        whose vectors the index does not show yet; ``own_id``: the thought's id (never its own candidate);
+        ``prefetched``: what its round read at once (``prefetch``)."""
         if close is not None and not close:  # nothing shares enough words, in the index or in this round
             return Plan("created")
         pending = [(pid, text) for pid, text, not_searchable in (close or ()) if not_searchable]
-        return await self._decide(content, vector, multi_chunk=multi_chunk, pending=pending, extra=extra)
+        return await self._decide(content, vector, multi_chunk=multi_chunk, pending=pending, extra=extra,
+                                  own_id=own_id, prefetched=prefetched)
 
     @property
     def gated(self) -> bool:
@@ -364,9 +450,9 @@ class Decisions:
 
     async def _decide(
         self, content: str, vector: np.ndarray, *, multi_chunk: bool, pending: Sequence[tuple[str, str]] = (),
-        extra: Sequence[tuple[str, np.ndarray]] = (),
+        extra: Sequence[tuple[str, np.ndarray]] = (), own_id: str | None = None, prefetched: Prefetched | None = None,
     ) -> Plan:
-        cands = await self.candidates(vector, pending, extra)
+        cands = await self.candidates(vector, pending, extra, own_id=own_id, prefetched=prefetched)
         if not cands:
             return Plan("created")
         top = cands[0]

@@ -1,7 +1,8 @@
 """Thoughts: captured markdown notes (second-brain-design).
 
-Write path: the document row, its chunks, their keyword rows (by trigger) and an embedding job go in one
-atomic batch. The capture is acknowledged then: durable and keyword-searchable at once; the job worker
+Write path: the content-hash check (the same content answers with the stored thought), the document row, its
+chunks, their keyword rows (by trigger) and its jobs go in one atomic batch (on D1 one API request). The capture
+is acknowledged then: durable and keyword-searchable at once; the job worker
 embeds the chunks and upserts their vectors moments later. A capture may first be decided against what the
 organization has (``services.thoughts.decisions``); a merge or a replace then supersedes the other thought
 (``services.thoughts.supersede``).
@@ -25,7 +26,7 @@ from services.models import (
     BatchCaptureResult, BatchItem, CaptureResult, ChunkView, Decision, IndexingState, ItemError, Thought, ThoughtDetail,
     ThoughtPage, check_metadata,
 )
-from services.ports import Embedder, Statement
+from services.ports import Embedder, SqlResult, Statement
 from services.search.indexing import enqueue_embed
 from services.storage.scoped import OrgSql, OrgVectors
 from services.text.chunking import chunk_text, default_chunk_params
@@ -47,6 +48,23 @@ MAX_BATCH = 1000
 BATCH_WRITE = 50
 #: The decision of a capture acknowledged before it (the worker replaces it).
 PENDING = '{"action":"pending"}'
+
+
+#: A thought's indexing state (``_indexing_state`` reads it); continued with the thought's id (a parameter or a subquery).
+_INDEXING = (
+    "SELECT COUNT(*) AS total, COUNT(CASE WHEN indexed_at IS NOT NULL AND vector_mutation IS NULL THEN 1 END) AS done "
+    "FROM chunks WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = "
+)
+#: A live thought whose history holds the content ``?4`` (a merge or a replace moved it there).
+_SUPERSEDED_BY = (
+    "SELECT 1 FROM thought_history h JOIN documents d ON d.organization_id = ?1 AND d.id = h.thought_id "
+    "WHERE h.organization_id = ?1 AND h.content_hash = ?4"
+)
+
+
+def _indexing_state(row: Mapping[str, Any]) -> IndexingState:
+    total, done = row["total"], row["done"]
+    return IndexingState(state="indexed" if done == total else "pending", chunks_total=total, chunks_indexed=done)
 
 
 def _decision_json(plan: Plan) -> str:
@@ -129,19 +147,22 @@ class Thoughts:
         now = now_ms()
         deciding = decide and self.decisions is not None
 
+        max_tokens, overlap = default_chunk_params(self.embedder)
+        if not deciding or not wait:
+            # The content-hash check and the write in one atomic batch (on D1 one request); the worker decides
+            # when it embeds the thought (services.thoughts.deferred).
+            pieces = chunk_text(content, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens,
+                                overlap_tokens=overlap)
+            result = await self._touch_or_write(content, digest, source, meta_json, pieces, now, superseded=deciding,
+                                                decision=PENDING if deciding else None)
+            if deciding and result.created:
+                result.decision = Decision(action="pending")
+            return result
+
         existing = await self._touch(digest, now, superseded=deciding)
         if existing is not None:
             return existing
-
-        max_tokens, overlap = default_chunk_params(self.embedder)
         pieces = chunk_text(content, count_tokens=self.embedder.count_tokens, max_tokens=max_tokens, overlap_tokens=overlap)
-        if not deciding:
-            return await self._write(content, digest, source, meta_json, pieces, now)
-        if not wait:  # acknowledged now; the worker decides when it embeds the thought (services.thoughts.deferred)
-            result = await self._write(content, digest, source, meta_json, pieces, now, decision=PENDING)
-            if result.created:
-                result.decision = Decision(action="pending")
-            return result
 
         plan = await self.decisions.decide(content, pieces[0], multi_chunk=len(pieces) > 1)
         if plan.action == "duplicate":
@@ -273,13 +294,23 @@ class Thoughts:
         return out
 
     def _write_stmts(self, doc_id: str, content: str, digest: str, source: str | None, meta_json: str,
-                     pieces: list[str], now: int, decision: str | None) -> list[Statement]:
-        """The statements that store one thought: its row (nothing when its content is already stored), its chunks
+                     pieces: list[str], now: int, decision: str | None, *,
+                     unless_superseded: bool = False) -> list[Statement]:
+        """The statements that store one thought: its row (nothing when its content is already stored, nor, with
+        ``unless_superseded``, when a merge or a replace moved this content to a live thought's history), its chunks
         and its jobs (enrichment first: its tags go in the vectors)."""
-        stmts = [self.sql.stmt(
-            "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, updated_at, "
-            "decision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT(organization_id, content_hash) DO NOTHING",
-            doc_id, content, digest, source, meta_json, now, decision)]
+        if unless_superseded:
+            stmts = [self.sql.stmt(
+                "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, "
+                "updated_at, decision) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8 WHERE NOT EXISTS (" + _SUPERSEDED_BY
+                + ") ON CONFLICT(organization_id, content_hash) DO NOTHING",
+                doc_id, content, digest, source, meta_json, now, decision)]
+        else:
+            stmts = [self.sql.stmt(
+                "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, "
+                "updated_at, decision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) "
+                "ON CONFLICT(organization_id, content_hash) DO NOTHING",
+                doc_id, content, digest, source, meta_json, now, decision)]
         stmts += [self.sql.stmt(
             "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
             "SELECT ?1, ?2, 'thought', ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 "
@@ -317,26 +348,56 @@ class Thoughts:
             created_at=row["created_at"], updated_at=row["updated_at"],
         )
 
-    async def _touch(self, digest: str, now: int, *, superseded: bool = False) -> CaptureResult | None:
-        """The thought with this content (updated_at bumped), or None. With ``superseded``, content that a merge
-        or a replace moved to the history answers with the canonical thought that superseded it."""
-        touch = (
-            "UPDATE documents SET updated_at = ?3 WHERE organization_id = ?1 AND content_hash = ?2 "
-            "RETURNING id, created_at, updated_at"
-        )
-        if not superseded:
-            rows, history = await self.sql.rows(touch, [digest, now]), []
-        else:  # one round trip for both lookups
-            touched, found = await self.sql.batch([self.sql.stmt(touch, digest, now), self.sql.stmt(
+    async def _touch_or_write(
+        self, content: str, digest: str, source: str | None, meta_json: str, pieces: list[str], now: int, *,
+        superseded: bool, decision: str | None,
+    ) -> CaptureResult:
+        """``_touch`` and ``_write`` in one atomic batch (on D1 one request): the thought with this content (bumped),
+        or, when there is none, the new one written."""
+        doc_id = new_id()
+        head = self._touch_stmts(digest, now, superseded=superseded)
+        results = await self.sql.batch(
+            head + self._write_stmts(doc_id, content, digest, source, meta_json, pieces, now, decision,
+                                     unless_superseded=superseded))
+        existing = await self._touched(digest, results[:len(head)], superseded=superseded)
+        if existing is not None:
+            return existing
+        if results[len(head)].changes:
+            self.on_enqueue()
+            return _created(doc_id, digest, len(pieces), now)
+        # not written and nothing to answer with: the thought whose history holds this content went meanwhile
+        return await self._write(content, digest, source, meta_json, pieces, now, decision=decision)
+
+    def _touch_stmts(self, digest: str, now: int, *, superseded: bool) -> list[Statement]:
+        """The statements ``_touch`` runs (and ``_touched`` reads): the bump, the touched thought's indexing state and,
+        with ``superseded``, the live thought whose history holds this content."""
+        stmts = [
+            self.sql.stmt("UPDATE documents SET updated_at = ?3 WHERE organization_id = ?1 AND content_hash = ?2 "
+                          "RETURNING id, created_at, updated_at", digest, now),
+            self.sql.stmt(_INDEXING + "(SELECT id FROM documents WHERE organization_id = ?1 AND content_hash = ?2)",
+                          digest),
+        ]
+        if superseded:
+            stmts.append(self.sql.stmt(
                 "SELECT h.thought_id, h.action FROM thought_history h JOIN documents d ON d.organization_id = ?1 "
                 "AND d.id = h.thought_id WHERE h.organization_id = ?1 AND h.content_hash = ?2 "
                 "ORDER BY h.created_at DESC LIMIT 1",
                 digest,
-            )])
-            rows, history = touched.rows, found.rows
+            ))
+        return stmts
+
+    async def _touch(self, digest: str, now: int, *, superseded: bool = False) -> CaptureResult | None:
+        """The thought with this content (updated_at bumped), or None. With ``superseded``, content that a merge
+        or a replace moved to the history answers with the canonical thought that superseded it. One round trip."""
+        results = await self.sql.batch(self._touch_stmts(digest, now, superseded=superseded))
+        return await self._touched(digest, results, superseded=superseded)
+
+    async def _touched(self, digest: str, results: list[SqlResult], *, superseded: bool) -> CaptureResult | None:
+        rows = results[0].rows
+        history = results[2].rows if superseded else []
         if rows:
             row = rows[0]
-            state = await self._indexing(row["id"])
+            state = _indexing_state(results[1].rows[0])
             return CaptureResult(
                 id=row["id"], created=False, content_hash=digest, chunks=state.chunks_total, indexing=state,
                 created_at=row["created_at"], updated_at=row["updated_at"],
@@ -352,14 +413,7 @@ class Thoughts:
         return None
 
     async def _indexing(self, doc_id: str) -> IndexingState:
-        row = await self.sql.one(
-            "SELECT COUNT(*) AS total, COUNT(CASE WHEN indexed_at IS NOT NULL AND vector_mutation IS NULL THEN 1 END) AS done "
-            "FROM chunks "
-            "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2",
-            [doc_id],
-        )
-        total, done = row["total"], row["done"]
-        return IndexingState(state="indexed" if done == total else "pending", chunks_total=total, chunks_indexed=done)
+        return _indexing_state(await self.sql.one(_INDEXING + "?2", [doc_id]))
 
     # -- reads -----------------------------------------------------------------------------------
 
