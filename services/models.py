@@ -177,7 +177,10 @@ class ThoughtPage(msgspec.Struct, kw_only=True):
     next_before_id: str | None
 
 
-class SearchHit(msgspec.Struct, kw_only=True, omit_defaults=True):
+class SearchHit(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
+    """A search result. ``dict=True``: a hit may carry undeclared private attributes that are never encoded (the
+    thought hydrator hands the ranking stage the features it read with the hit, ``RANKING_FEATURES``)."""
+
     kind: str
     document_id: str
     chunk_id: str

@@ -61,10 +61,19 @@ from services.storage.scoped import OrgSql
 __all__ = [
     "RankingConfig", "Ranking", "UseRecorder", "RerankCache", "recency", "frequency", "importance",
     "decay_class", "penalty", "is_rollup", "uses_now", "use_weight", "TASK_TAGS", "CONTEXT_TAGS",
-    "RECENCY_SPAN", "USE_SPAN", "USE_SATURATION", "USE_HALF_LIFE_DAYS", "IMPORTANCE_SPAN",
+    "RECENCY_SPAN", "USE_SPAN", "USE_SATURATION", "USE_HALF_LIFE_DAYS", "IMPORTANCE_SPAN", "FEATURE_NAMES",
+    "FEATURE_COLUMNS", "RANKING_FEATURES",
 ]
 
 log = logging.getLogger("memex.ranking")
+
+#: What the ranking stage reads of a thought (from ``documents``). A hydrator that reads them with its hits sets
+#: them on each hit as the private attribute ``RANKING_FEATURES`` (a dict of these columns), sparing the stage its
+#: read (on D1 an API request per search).
+FEATURE_NAMES = ("id", "updated_at", "use_weight", "use_count", "last_used_at", "importance", "enrichment_state",
+                 "chars")
+FEATURE_COLUMNS = ", ".join(FEATURE_NAMES[:-1]) + ", length(content) AS chars"
+RANKING_FEATURES = "_ranking_features"
 
 DAY_MS = 86_400_000
 LN2 = math.log(2.0)
@@ -328,7 +337,7 @@ class Ranking:
             fused_of = before
         else:
             fused_of = {h.chunk_id: h.score for h in hits}
-        features = await self._features(sql, [h.document_id for h in hits if h.kind == "thought"])
+        features = await self._features(sql, [h for h in hits if h.kind == "thought"])
         now = self.clock()
         cfg = self.config
         for h in hits:
@@ -378,16 +387,24 @@ class Ranking:
         hits.sort(key=lambda h: h.score, reverse=True)
         return hits
 
-    async def _features(self, sql: OrgSql, doc_ids: list[str]) -> dict[str, dict[str, Any]]:
+    async def _features(self, sql: OrgSql, hits: list[SearchHit]) -> dict[str, dict[str, Any]]:
+        """The thought hits' ranking features by document id: those their hydrator read with them
+        (``RANKING_FEATURES``, no round trip), the others read now."""
+        out: dict[str, dict[str, Any]] = {}
+        for h in hits:
+            found = getattr(h, RANKING_FEATURES, None)
+            if found is not None:
+                out[h.document_id] = found
+        doc_ids = {h.document_id for h in hits} - set(out)
         if not doc_ids:
-            return {}
+            return out
         rows = await sql.rows(
-            "SELECT id, updated_at, use_weight, use_count, last_used_at, importance, enrichment_state, "
-            "length(content) AS chars FROM documents "
+            "SELECT " + FEATURE_COLUMNS + " FROM documents "
             "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-            [json.dumps(sorted(set(doc_ids)))],
+            [json.dumps(sorted(doc_ids))],
         )
-        return {r["id"]: r for r in rows}
+        out.update((r["id"], r) for r in rows)
+        return out
 
     def used(self, org_id: str, doc_ids: Sequence[str], *, fetched: bool = False) -> None:
         """Record deliberate uses of these thoughts (written in the background); ``fetched``: read by id

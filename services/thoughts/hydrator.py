@@ -7,6 +7,7 @@ import json
 
 from services.models import SearchHit
 from services.search.fusion import Candidate, explain_candidate
+from services.search.ranking import FEATURE_NAMES, RANKING_FEATURES
 from services.search.search import SearchOptions
 from services.storage.scoped import OrgSql
 
@@ -29,30 +30,30 @@ class ThoughtHydrator:
         return await _hydrate_thoughts(sql, group, opts)
 
 
+#: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there (``i``: its position):
+#: the document's fields, the ranking stage's (``FEATURE_NAMES``) and the chunk's text. CROSS JOIN keeps SQLite's
+#: planner on the candidate list first (each row a primary-key lookup), not on every document of the organization.
+_HYDRATE = (
+    "SELECT j.key AS i, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, d.created_at, "
+    "d.id, d.updated_at, d.use_weight, d.use_count, d.last_used_at, d.importance, d.enrichment_state, "
+    "length(d.content) AS chars FROM json_each(?2) AS j "
+    "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')"
+)
+
+
 async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
-    ids = json.dumps([c.parent_id for c in group])
-    docs = {
-        r["id"]: r
-        for r in await sql.rows(
-            "SELECT id, content, source, metadata, summary, tags, created_at FROM documents "
-            "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-            [ids],
-        )
-    }
-    chunks = {
-        r["id"]: r["content"]
-        for r in await sql.rows(
-            "SELECT id, content FROM chunks WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-            [json.dumps([c.chunk_id for c in group])],
-        )
-    }
+    # One statement (on D1 one request; embedded, a plain read): each candidate's document, with what the ranking
+    # stage reads of it, and its chunk. A candidate whose document or chunk is gone has no row.
+    rows = await sql.rows(_HYDRATE, [json.dumps([[c.parent_id, c.chunk_id] for c in group])])
+    found = {r["i"]: r for r in rows}
     wanted = set(opts.tags)
     hits = []
-    for c in group:
-        doc = docs.get(c.parent_id)
-        text = chunks.get(c.chunk_id)
-        if doc is None or text is None:
+    for i, c in enumerate(group):
+        doc = found.get(i)
+        if doc is None:
             continue  # deleted between the index lookup and now
+        text = doc["chunk_content"]
         if (opts.time_from is not None and doc["created_at"] < opts.time_from) or (
             opts.time_to is not None and doc["created_at"] > opts.time_to
         ):
@@ -76,6 +77,7 @@ async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpt
                 explain=explain_candidate(c) if opts.explain else None,
             )
         )
+        setattr(hits[-1], RANKING_FEATURES, {k: doc[k] for k in FEATURE_NAMES})
     return hits
 
 
