@@ -487,6 +487,7 @@ def test_fault_injection_and_counters(emu, cf):
     counts = emu.reset_counters()
     assert counts["d1"] == 9 and counts["vectorize"] == 1 and counts["ai"] == 1 and counts["total"] == 11
     assert counts["by_op"]["d1.query"] == 9
+    assert counts["by_database"] == {"faults": 9}  # D1 requests by the database their path names
     assert emu.counters_snapshot()["total"] == 0
 
 

@@ -259,7 +259,7 @@ def build_app(emu: Any) -> Starlette:
         rest = (mt.group("rest") or "").rstrip("/") if mt else ""
         method = request.method.upper()
         op, handler, params, other_method = _resolve(method, rest) if mt else ("other.unknown", None, {}, False)
-        emu.counters.record(_kind(rest) if mt else "other", op)
+        emu.counters.record(_kind(rest) if mt else "other", op, params.get("db") if op.startswith("d1.") else None)
         resp = await _serve(request, account, method, path, handler, params, other_method, mt is not None)
         emu.counters.record_status(resp.status_code)
         return resp

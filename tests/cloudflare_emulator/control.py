@@ -189,7 +189,8 @@ class Faults:
 
 
 class Counters:
-    """Requests received under /client/v4, by kind (d1 / vectorize / ai / other) and by operation.
+    """Requests received under /client/v4, by kind (d1 / vectorize / ai / other), by operation, by status and, for
+    requests naming a D1 database (``d1/database/{db}/...``), by that database id.
 
     Every request is counted, whatever its outcome (auth failure, 429, injected fault, error)."""
 
@@ -200,11 +201,14 @@ class Counters:
         self._kinds = dict.fromkeys(self.KINDS, 0)
         self._ops: dict[str, int] = {}
         self._statuses: dict[str, int] = {}
+        self._databases: dict[str, int] = {}
 
-    def record(self, kind: str, op: str) -> None:
+    def record(self, kind: str, op: str, database: str | None = None) -> None:
         with self._lock:
             self._kinds[kind] = self._kinds.get(kind, 0) + 1
             self._ops[op] = self._ops.get(op, 0) + 1
+            if database is not None:
+                self._databases[database] = self._databases.get(database, 0) + 1
 
     def record_status(self, status: int) -> None:
         with self._lock:
@@ -217,6 +221,7 @@ class Counters:
             out["total"] = sum(self._kinds.values())
             out["by_op"] = dict(self._ops)
             out["by_status"] = dict(self._statuses)
+            out["by_database"] = dict(self._databases)
             return out
 
     def reset(self) -> dict[str, Any]:
@@ -225,7 +230,9 @@ class Counters:
             out["total"] = sum(self._kinds.values())
             out["by_op"] = dict(self._ops)
             out["by_status"] = dict(self._statuses)
+            out["by_database"] = dict(self._databases)
             self._kinds = dict.fromkeys(self.KINDS, 0)
             self._ops = {}
             self._statuses = {}
+            self._databases = {}
             return out
