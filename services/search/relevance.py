@@ -54,7 +54,10 @@ async def _coverage(sql: OrgSql, terms: list[str], candidates: list[Candidate]) 
     stemming as the keyword side): whole documents for thoughts, the chunk for other kinds. A word the
     organization rarely writes weighs more than a common one, and a word it never wrote most: a query's
     unknown words ("Lisbon flights") are missing evidence, its common ones ("how", "set", "up") are noise.
-    idf = ln(1 + (N - df + 0.5) / (df + 0.5)), df counted up to DF_CAP. Two statements per table."""
+    idf = ln(1 + (N - df + 0.5) / (df + 0.5)), df counted up to DF_CAP. Two statements per table. The database
+    is this organization's own (one per organization), so the FTS tables are read without a per-row organization
+    check, which reads each matching row's stored columns (the joined key and chunk rows keep theirs): at 134k
+    chunks, five words of which three common, 172 -> 84 ms."""
     if not terms:
         return {}
     quoted = json.dumps([f'"{t}"' for t in terms])
@@ -66,7 +69,7 @@ async def _coverage(sql: OrgSql, terms: list[str], candidates: list[Candidate]) 
             "SELECT j.key AS term, k.document_id AS id FROM json_each(?2) AS j "
             "JOIN documents_fts ON documents_fts MATCH j.value "
             "JOIN documents_fts_keys AS k ON k.pk = documents_fts.rowid "
-            "WHERE documents_fts.organization_id = ?1 AND k.organization_id = ?1 "
+            "WHERE k.organization_id = ?1 "
             "AND k.document_id IN (SELECT value FROM json_each(?3))",
         )
         out.update({("thought", d): share for d, share in shares.items()})
@@ -76,7 +79,7 @@ async def _coverage(sql: OrgSql, terms: list[str], candidates: list[Candidate]) 
             sql, quoted, list(chunks), "chunks_fts", "SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1",
             "SELECT j.key AS term, c.id AS id FROM json_each(?2) AS j "
             "JOIN chunks_fts ON chunks_fts MATCH j.value JOIN chunks AS c ON c.pk = chunks_fts.rowid "
-            "WHERE chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+            "WHERE c.organization_id = ?1 "
             "AND c.id IN (SELECT value FROM json_each(?3))",
         )
         out.update({(chunks[c], c): share for c, share in shares.items()})
@@ -100,7 +103,7 @@ async def _idf(sql: OrgSql, quoted: str, table: str, count_sql: str) -> list[flo
     n = (await sql.one(count_sql, []))["n"]
     rows = await sql.rows(
         f"SELECT j.key AS term, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value "
-        f"AND {table}.organization_id = ?1 LIMIT {DF_CAP})) AS df FROM json_each(?2) AS j",
+        f"LIMIT {DF_CAP})) AS df FROM json_each(?2) AS j",
         [quoted],
     )
     df = {r["term"]: r["df"] for r in rows}
