@@ -62,7 +62,7 @@ __all__ = [
     "RankingConfig", "Ranking", "UseRecorder", "RerankCache", "recency", "frequency", "importance",
     "decay_class", "penalty", "is_rollup", "uses_now", "use_weight", "TASK_TAGS", "CONTEXT_TAGS",
     "RECENCY_SPAN", "USE_SPAN", "USE_SATURATION", "USE_HALF_LIFE_DAYS", "IMPORTANCE_SPAN", "FEATURE_NAMES",
-    "FEATURE_COLUMNS", "RANKING_FEATURES",
+    "feature_columns", "RANKING_FEATURES",
 ]
 
 log = logging.getLogger("memex.ranking")
@@ -72,7 +72,14 @@ log = logging.getLogger("memex.ranking")
 #: read (on D1 an API request per search).
 FEATURE_NAMES = ("id", "updated_at", "use_weight", "use_count", "last_used_at", "importance", "enrichment_state",
                  "chars")
-FEATURE_COLUMNS = ", ".join(FEATURE_NAMES[:-1]) + ", length(content) AS chars"
+
+
+def feature_columns(table: str = "") -> str:
+    """The select list of ``FEATURE_NAMES`` from ``documents`` (``table``: the alias it has in the statement)."""
+    at = f"{table}." if table else ""
+    return ", ".join(at + name for name in FEATURE_NAMES[:-1]) + f", length({at}content) AS chars"
+
+
 RANKING_FEATURES = "_ranking_features"
 
 DAY_MS = 86_400_000
@@ -399,7 +406,7 @@ class Ranking:
         if not doc_ids:
             return out
         rows = await sql.rows(
-            "SELECT " + FEATURE_COLUMNS + " FROM documents "
+            "SELECT " + feature_columns() + " FROM documents "
             "WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
             [json.dumps(sorted(doc_ids))],
         )

@@ -7,7 +7,7 @@ import json
 
 from services.models import SearchHit
 from services.search.fusion import Candidate, explain_candidate
-from services.search.ranking import FEATURE_NAMES, RANKING_FEATURES
+from services.search.ranking import FEATURE_NAMES, RANKING_FEATURES, feature_columns
 from services.search.search import SearchOptions
 from services.storage.scoped import OrgSql
 
@@ -35,8 +35,7 @@ class ThoughtHydrator:
 #: planner on the candidate list first (each row a primary-key lookup), not on every document of the organization.
 _HYDRATE = (
     "SELECT j.key AS i, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, d.created_at, "
-    "d.id, d.updated_at, d.use_weight, d.use_count, d.last_used_at, d.importance, d.enrichment_state, "
-    "length(d.content) AS chars FROM json_each(?2) AS j "
+    + feature_columns("d") + " FROM json_each(?2) AS j "
     "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
     "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')"
 )
