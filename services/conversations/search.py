@@ -34,7 +34,7 @@ The original notes on the no-model pinpointing follow.
 The search finds conversation windows (chunks of kind ``conversation``); this hydrator turns each winning
 window into a hit carrying the conversation id, the sequence range, the original messages of that range
 (decompressed, with their metadata) and ``best_sequence``: the message of the range that best matches the
-query. That choice costs no model call (see ``_best``): BM25 of the query's terms over the messages of the
+query. That choice costs no model call (``local`` in a message's score): BM25 of the query's terms over the messages of the
 hits being built (stems, stop words dropped), plus a length-normalised character-trigram closeness and a
 small prior for user turns, which decide when no term matches (a window found by meaning alone). Embedding
 the candidate messages at query time was measured at ~8-20 ms per message with the local model on this
@@ -153,14 +153,10 @@ def _analysed(org_id: str, row: dict[str, Any]) -> tuple[list[str], str]:
     return hit
 
 
-def _closeness(q_trigrams: set[str], text: str, words: str | None = None) -> float:
+def _closeness(q_trigrams: set[str], words: str) -> float:
     """Character-trigram closeness of a text to the query, normalised for the text's length (0..1). ``words``:
-    the text's content words joined by spaces, when ``_analyse`` already made them."""
-    if not q_trigrams:
-        return 0.0
-    if words is None:
-        words = _analyse(text)[1]
-    if not words:
+    the text's content words joined by spaces (``_analyse``)."""
+    if not q_trigrams or not words:
         return 0.0
     padded = f" {words} "
     found = sum(1 for g in q_trigrams if g in padded)  # substring tests run in C
@@ -194,24 +190,6 @@ class _Bm25:
             norm = K1 * (1 - B + B * len(d) / self.avg)
             out.append(sum(self.idf[t] * f * (K1 + 1) / (f + norm) for t, f in tf.items()))
         return out
-
-
-def _best(bm25: _Bm25, messages: list[dict[str, Any]], docs: list[list[str]], q_trigrams: set[str]) -> int:
-    """The message of a window that best matches the query.
-
-    Query terms (BM25, as a share of what matching every term would score) carry it; a window found by meaning
-    alone has none, so two weaker signals decide among its messages and break close calls elsewhere: the
-    character-trigram closeness to the query (length-normalised), and a prior for what the user said (what
-    an agent is asked to recall is most often the user's own facts and preferences).
-    """
-    scores = bm25.scores(docs)
-    full = bm25.full()
-
-    def score(i: int) -> float:
-        cos = _closeness(q_trigrams, messages[i]["content"])
-        return scores[i] / full + W_TRIGRAM * cos + (W_USER if messages[i]["role"] == "user" else 0.0)
-
-    return messages[max(range(len(messages)), key=lambda i: (score(i), -i))]["sequence"]
 
 
 class ConversationHydrator:
@@ -287,7 +265,7 @@ class ConversationHydrator:
         for k in keys:
             turn = turn_of[k][0] if k in turn_of else turn_floor
             window = window_of[k][0] if k in window_of else window_floor
-            local = (local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, "", analysed[k][1])
+            local = (local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, analysed[k][1])
                      + (W_USER if msgs[k]["role"] == "user" else 0.0))
             score = W_TURN * turn + W_WINDOW * window + W_LOCAL * local
             in_range = dated is not None and dated[0] <= msgs[k]["created_at"] <= dated[1]
