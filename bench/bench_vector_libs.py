@@ -196,6 +196,17 @@ class Ctx:
     def selectivity(self, f: str) -> float:
         return float(self.mask(f).mean())
 
+    def save_and_reload(self, path: Path, save: Callable[[str], Any], load: Callable[[str], Any]) -> None:
+        """Time a whole-index save to ``path`` and a load of it (save_s, load_s, file_mb), then delete the file."""
+        t0 = time.perf_counter()
+        save(str(path))
+        self.common["save_s"] = time.perf_counter() - t0
+        self.common["file_mb"] = path.stat().st_size / 2**20
+        t0 = time.perf_counter()
+        load(str(path))
+        self.common["load_s"] = time.perf_counter() - t0
+        path.unlink()
+
     def row(self, variant: str, filt: str, lat: list[float], res: list[np.ndarray], **extra: Any) -> None:
         gt = self.gt[filt]
         r10, r100, fill = [], [], []
@@ -355,15 +366,7 @@ def _faiss_common(ctx: Ctx, build: Callable[[np.ndarray], Any], name: str, lib_b
     faiss.omp_set_num_threads(1)
     del base
     ctx.memory(before, settle())
-    path = ctx.tmp / f"{name}.faiss"
-    t0 = time.perf_counter()
-    faiss.write_index(index, str(path))
-    ctx.common["save_s"] = time.perf_counter() - t0
-    ctx.common["file_mb"] = path.stat().st_size / 2**20
-    t0 = time.perf_counter()
-    faiss.read_index(str(path))
-    ctx.common["load_s"] = time.perf_counter() - t0
-    path.unlink()
+    ctx.save_and_reload(ctx.tmp / f"{name}.faiss", lambda p: faiss.write_index(index, p), faiss.read_index)
     return index
 
 
@@ -457,15 +460,7 @@ def run_usearch(ctx: Ctx, dtype: str) -> None:
     ctx.common["build_s"] = time.perf_counter() - t0
     del base
     ctx.memory(before, settle(), index.memory_usage)
-    path = ctx.tmp / f"usearch-{dtype}.usearch"
-    t0 = time.perf_counter()
-    index.save(str(path))
-    ctx.common["save_s"] = time.perf_counter() - t0
-    ctx.common["file_mb"] = path.stat().st_size / 2**20
-    t0 = time.perf_counter()
-    Index.restore(str(path))
-    ctx.common["load_s"] = time.perf_counter() - t0
-    path.unlink()
+    ctx.save_and_reload(ctx.tmp / f"usearch-{dtype}.usearch", index.save, Index.restore)
 
     def search(q: np.ndarray, k: int, ef: int) -> np.ndarray:
         if index.expansion_search != ef:
@@ -492,15 +487,8 @@ def run_hnswlib(ctx: Ctx) -> None:
     index.set_num_threads(1)
     del base
     ctx.memory(before, settle(), index.index_file_size())
-    path = ctx.tmp / "hnswlib.bin"
-    t0 = time.perf_counter()
-    index.save_index(str(path))
-    ctx.common["save_s"] = time.perf_counter() - t0
-    ctx.common["file_mb"] = path.stat().st_size / 2**20
-    t0 = time.perf_counter()
-    hnswlib.Index(space="ip", dim=DIMS).load_index(str(path))
-    ctx.common["load_s"] = time.perf_counter() - t0
-    path.unlink()
+    ctx.save_and_reload(ctx.tmp / "hnswlib.bin", index.save_index,
+                        lambda p: hnswlib.Index(space="ip", dim=DIMS).load_index(p))
 
     def search(q: np.ndarray, k: int, ef: int, flt: Callable[[int], bool] | None = None) -> np.ndarray:
         index.set_ef(max(ef, k))
