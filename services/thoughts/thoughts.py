@@ -299,18 +299,12 @@ class Thoughts:
         """The statements that store one thought: its row (nothing when its content is already stored, nor, with
         ``unless_superseded``, when a merge or a replace moved this content to a live thought's history), its chunks
         and its jobs (enrichment first: its tags go in the vectors)."""
-        if unless_superseded:
-            stmts = [self.sql.stmt(
-                "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, "
-                "updated_at, decision) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8 WHERE NOT EXISTS (" + _SUPERSEDED_BY
-                + ") ON CONFLICT(organization_id, content_hash) DO NOTHING",
-                doc_id, content, digest, source, meta_json, now, decision)]
-        else:
-            stmts = [self.sql.stmt(
-                "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, "
-                "updated_at, decision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) "
-                "ON CONFLICT(organization_id, content_hash) DO NOTHING",
-                doc_id, content, digest, source, meta_json, now, decision)]
+        guard = "NOT EXISTS (" + _SUPERSEDED_BY + ")" if unless_superseded else "true"
+        stmts = [self.sql.stmt(
+            "INSERT INTO documents (organization_id, id, content, content_hash, source, metadata, created_at, "
+            "updated_at, decision) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8 WHERE " + guard
+            + " ON CONFLICT(organization_id, content_hash) DO NOTHING",
+            doc_id, content, digest, source, meta_json, now, decision)]
         stmts += [self.sql.stmt(
             "INSERT INTO chunks (organization_id, id, kind, parent_id, ordinal, content, token_count) "
             "SELECT ?1, ?2, 'thought', ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM documents WHERE organization_id = ?1 "
