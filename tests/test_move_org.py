@@ -131,3 +131,50 @@ def test_a_destination_missing_a_column_is_refused_untouched(deployment, tmp_pat
             await http.aclose()
 
     asyncio.run(go())
+
+
+def test_migrate_moves_every_organization_switches_its_route_and_resumes(deployment, tmp_path):
+    """migrate_to_worker between real stores (D1 on the emulator -> local SQLite standing in for the Worker's
+    control database and Durable Objects, both through the same port): every organization's rows, the control rows
+    copied once, routing switched last, a second run skips what is done."""
+    from services.storage.worker_migrate import migrate_to_worker
+
+    async def go():
+        http = httpx.AsyncClient(timeout=30)
+        api = api_for(deployment.memex.settings, http)
+        source_control = D1Database(api, deployment.memex.settings.cloudflare_d1_database_id)
+        dest_control = SqliteDatabase(tmp_path / "control.sqlite3")
+        opened: dict[str, SqliteDatabase] = {}
+
+        def open_dest(location: str) -> SqliteDatabase:
+            return opened.setdefault(location, SqliteDatabase(tmp_path / f"{location.replace(':', '_')}.sqlite3"))
+
+        for org in deployment.orgs:
+            await apply_pending(open_dest(f"org:{org.id}"), ORG_DIR)
+        try:
+            only = [o.id for o in deployment.orgs]
+            report = await migrate_to_worker(source_control, lambda uuid: D1Database(api, uuid), dest_control, open_dest,
+                                             vector_index=deployment.memex.settings.cloudflare_vectorize_index,
+                                             only=only)
+            assert report.layout == "per-organization" and report.control == "copied"
+            assert sorted(report.moved) == sorted(only)
+            routes = {r["organization_id"]: r for r in (await dest_control.execute("SELECT * FROM org_databases")).rows}
+            for org in deployment.orgs:
+                assert routes[org.id]["backend"] == "worker" and routes[org.id]["location"] == f"org:{org.id}"
+                src = D1Database(api, (await source_control.execute(
+                    "SELECT location FROM org_databases WHERE organization_id = ?", (org.id,))).rows[0]["location"])
+                before, after = await _dump(src), await _dump(opened[f"org:{org.id}"])
+                assert before["documents"] and all(after[name] == rows for name, rows in before.items())
+            keys = "SELECT id, organization_id, key_hash FROM api_keys ORDER BY id"
+            assert (await dest_control.execute(keys)).rows == (await source_control.execute(keys)).rows
+
+            again = await migrate_to_worker(source_control, lambda uuid: D1Database(api, uuid), dest_control, open_dest,
+                                            vector_index=deployment.memex.settings.cloudflare_vectorize_index, only=only)
+            assert again.control == "already copied" and again.moved == {} and sorted(again.skipped) == sorted(only)
+        finally:
+            for db in opened.values():
+                await db.close()
+            await dest_control.close()
+            await http.aclose()
+
+    asyncio.run(go())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from services.ports import SqlDatabase, Statement
 from services.storage.convert_copy import _copy
-from services.storage.convert_plan import ConversionError, Table, _order, _shapes, _topological, quote
+from services.storage.convert_plan import ConversionError, Table, _order, _parents, _shapes, _topological, quote
 
 __all__ = ["move_database", "database_tables", "table_counts"]
 
@@ -48,9 +48,11 @@ async def database_tables(source: SqlDatabase, dest: SqlDatabase) -> list[Table]
             problems.append(f"table {name!r} is a virtual table of a module that cannot be copied")
             continue
         has_rowid = shape.fts5 or not shape.without_rowid
+        # Foreign keys: parents are copied first (and only rows whose parent exists, as the keys demand).
+        parents = () if shape.virtual else tuple(p for p in await _parents(source, name) if p[1] in old)
         tables.append(Table(name=name, columns=tuple(shape.names), fts5=shape.fts5, has_rowid=has_rowid,
                             copy_rowid=has_rowid and shape.rowid_alias is None, by_org=False,
-                            order=_order(shape, False)))
+                            order=_order(shape, False), parents=parents))
     if problems:
         raise ConversionError("the organization's database cannot be moved without losing data: " + "; ".join(problems))
     return _topological(tables)
