@@ -155,7 +155,7 @@ def test_migrate_moves_every_organization_switches_its_route_and_resumes(deploym
             only = [o.id for o in deployment.orgs]
             report = await migrate_to_worker(source_control, lambda uuid: D1Database(api, uuid), dest_control, open_dest,
                                              vector_index=deployment.memex.settings.cloudflare_vectorize_index,
-                                             only=only)
+                                             open_scratch=SqliteDatabase, only=only)
             assert report.layout == "per-organization" and report.control == "copied"
             assert sorted(report.moved) == sorted(only)
             routes = {r["organization_id"]: r for r in (await dest_control.execute("SELECT * FROM org_databases")).rows}
@@ -169,12 +169,64 @@ def test_migrate_moves_every_organization_switches_its_route_and_resumes(deploym
             assert (await dest_control.execute(keys)).rows == (await source_control.execute(keys)).rows
 
             again = await migrate_to_worker(source_control, lambda uuid: D1Database(api, uuid), dest_control, open_dest,
-                                            vector_index=deployment.memex.settings.cloudflare_vectorize_index, only=only)
+                                            vector_index=deployment.memex.settings.cloudflare_vectorize_index,
+                                            open_scratch=SqliteDatabase, only=only)
             assert again.control == "already copied" and again.moved == {} and sorted(again.skipped) == sorted(only)
         finally:
             for db in opened.values():
                 await db.close()
             await dest_control.close()
             await http.aclose()
+
+    asyncio.run(go())
+
+
+def test_migrate_a_shared_database_splits_it_by_organization(tmp_path):
+    """The release before per-organization databases kept every organization in one database: migrate_to_worker
+    copies its control rows once and each live organization's rows into that organization's store (a deleted
+    organization's leftovers stay behind), routing rows written last; the second run moves nothing."""
+    from services.storage.worker_migrate import migrate_to_worker
+    from tests.test_convert_legacy import ORG_A, ORG_B, build_legacy
+
+    async def go():
+        legacy_dir = tmp_path / "legacy"
+        legacy_dir.mkdir()
+        await build_legacy(legacy_dir)
+        legacy = SqliteDatabase(legacy_dir / "memex.sqlite3")
+        dest_control = SqliteDatabase(tmp_path / "control.sqlite3")
+        opened: dict[str, SqliteDatabase] = {}
+
+        def open_dest(location: str) -> SqliteDatabase:
+            return opened.setdefault(location, SqliteDatabase(tmp_path / f"{location.replace(':', '_')}.sqlite3"))
+
+        for org in (ORG_A, ORG_B):
+            await apply_pending(open_dest(f"org:{org}"), ORG_DIR)
+        try:
+            report = await migrate_to_worker(legacy, lambda uuid: legacy, dest_control, open_dest,
+                                             vector_index="memex-test", open_scratch=SqliteDatabase)
+            assert report.layout == "shared" and report.control == "copied"
+            assert sorted(report.moved) == sorted([ORG_A, ORG_B])
+            for org in (ORG_A, ORG_B):
+                db = opened[f"org:{org}"]
+                for table in ("documents", "chunks", "messages"):
+                    want = (await legacy.execute(f"SELECT COUNT(*) AS n FROM {table} WHERE organization_id = ?",
+                                                 (org,))).rows[0]["n"]
+                    got = (await db.execute(f"SELECT COUNT(*) AS n FROM {table}")).rows[0]["n"]
+                    assert got == want, (org, table)
+                    assert got or table == "messages", (org, table)
+                ids = "SELECT id, content FROM documents WHERE organization_id = ? ORDER BY id"
+                assert (await db.execute(ids, (org,))).rows == (await legacy.execute(ids, (org,))).rows
+            routes = (await dest_control.execute("SELECT organization_id, backend, location FROM org_databases "
+                                                 "ORDER BY organization_id")).rows
+            assert routes == [{"organization_id": o, "backend": "worker", "location": f"org:{o}"}
+                              for o in sorted([ORG_A, ORG_B])]
+            again = await migrate_to_worker(legacy, lambda uuid: legacy, dest_control, open_dest,
+                                            vector_index="memex-test", open_scratch=SqliteDatabase)
+            assert again.moved == {} and sorted(again.skipped) == sorted([ORG_A, ORG_B])
+        finally:
+            for db in opened.values():
+                await db.close()
+            await dest_control.close()
+            await legacy.close()
 
     asyncio.run(go())

@@ -85,12 +85,13 @@ Progress = Callable[[str, str], None]
 
 async def migrate_to_worker(source_control: SqlDatabase, open_source: Callable[[str], SqlDatabase],
                             dest_control: SqlDatabase, open_dest: Callable[[str], SqlDatabase], *,
-                            vector_index: str, only: list[str] | None = None,
-                            progress: Progress | None = None) -> MigrationReport:
+                            vector_index: str, open_scratch: Callable[[Path], SqlDatabase],
+                            only: list[str] | None = None, progress: Progress | None = None) -> MigrationReport:
     """Move every organization (or those in ``only``) of the REST deployment whose control database is
     ``source_control`` into the Worker (``dest_control``, ``open_dest("org:<id>")``, which hands out a migrated
-    database). ``open_source(uuid)`` opens a per-organization D1 database. Resumable; raises ``ConversionError``
-    when something would be lost."""
+    database). ``open_source(uuid)`` opens a per-organization D1 database; ``open_scratch(path)`` a local SQLite
+    file (the shared layout's plan reads the new schemas from two scratch databases). Resumable; raises
+    ``ConversionError`` when something would be lost."""
     note = progress or (lambda org, what: None)
     await apply_pending(dest_control, CONTROL_DIR)
     source_tables = await _tables(source_control)
@@ -98,7 +99,8 @@ async def migrate_to_worker(source_control: SqlDatabase, open_source: Callable[[
         return await _per_organization(source_control, open_source, dest_control, open_dest,
                                        vector_index=vector_index, only=only, note=note)
     if "documents" in source_tables and "organizations" in source_tables:
-        return await _shared(source_control, dest_control, open_dest, vector_index=vector_index, only=only, note=note)
+        return await _shared(source_control, dest_control, open_dest, open_scratch,
+                             vector_index=vector_index, only=only, note=note)
     raise ConversionError("the source database is neither a control database (org_databases) nor a single shared "
                           "database (organizations + documents): check CLOUDFLARE_D1_DATABASE_ID")
 
@@ -145,12 +147,11 @@ async def _per_organization(source_control: SqlDatabase, open_source: Callable[[
     return report
 
 
-async def _shared(legacy: SqlDatabase, dest_control: SqlDatabase, open_dest: Callable[[str], SqlDatabase], *,
+async def _shared(legacy: SqlDatabase, dest_control: SqlDatabase, open_dest: Callable[[str], SqlDatabase],
+                  open_scratch: Callable[[Path], SqlDatabase], *,
                   vector_index: str, only: list[str] | None, note: Progress) -> MigrationReport:
-    from services.adapters.sqlite import SqliteDatabase
-
     with tempfile.TemporaryDirectory() as tmp:
-        control_t, org_t = SqliteDatabase(Path(tmp) / "control.sqlite3"), SqliteDatabase(Path(tmp) / "org.sqlite3")
+        control_t, org_t = open_scratch(Path(tmp) / "control.sqlite3"), open_scratch(Path(tmp) / "org.sqlite3")
         try:
             await apply_pending(control_t, CONTROL_DIR)
             await apply_pending(org_t, ORG_DIR)
