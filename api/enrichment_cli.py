@@ -10,64 +10,48 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from typing import Any, TextIO
 
-from api.cli_common import add_data_dir, print_json, settings_from, with_memex
+from api.cli_common import add_data_dir, add_json, emit, json_quiet, progress, settings_from, with_memex
 from tenancy.models import AuthContext
 
-__all__ = ["add_commands", "cmd_enrich_backfill", "backfill_enrich_org", "Progress"]
+__all__ = ["add_commands", "cmd_enrich_backfill", "backfill_enrich_org"]
 
 
-class Progress:
-    """A one-line progress bar on a stream (redrawn in place on a TTY; a line per step elsewhere)."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total, self.label, self.width = max(0, total), label, width
-        self.stream = stream or sys.stderr
-        self.done = 0
-        self.phase = 1
-        self.started = time.monotonic()
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def update(self, step: int, phase: int) -> None:
-        self.done += step
-        self.phase = phase
-        frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
-        filled = int(frac * self.width)
-        rate = self.done / max(1e-9, time.monotonic() - self.started)
-        what = {1: "pass 1 (vocabulary seed)", 2: "pass 2 (persisting)"}.get(phase, "done")
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"({frac:4.0%}) {rate:,.1f} thoughts/s  {what}")
-        self.stream.write(("\r" if self.tty else "") + line + ("" if self.tty else "\n"))
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+PHASES = {1: "pass 1 (vocabulary seed)", 2: "pass 2 (persisting)"}
 
 
 async def backfill_enrich_org(enricher: Any, *, batch_size: int = 50, restart: bool = False, label: str = "",
-                              stream: TextIO | None = None) -> dict:
-    """Run one organization's backfill (of its ``Enricher``) until it is done or stops (budget); returns totals."""
+                              stream: TextIO | None = None, show: bool | None = None) -> dict:
+    """Run one organization's backfill (of its ``Enricher``) until it is done or stops (budget); returns totals.
+    A progress bar on ``stream`` (stderr) with the pass in its postfix, drawn as ``api.cli_common.progress_shown``
+    says (``show``: force it on or off)."""
+
+    shown: list[str] = []
+
+    def step(bar: Any, n: int, phase: int) -> None:
+        what = PHASES.get(phase, "done")
+        bar.update(n)
+        bar.set_postfix_str(what, refresh=what not in shown)  # a new pass is drawn at once
+        shown.append(what)
+
     from services.enrichment.backfill import Backfill  # the services load with the command, not with the parser
 
     backfill = Backfill(enricher)
     if restart:
         first = await backfill.run(batch_size=batch_size, restart=True)
-        bar = Progress(first.processed + await backfill.left(), label or "enrich", stream)
-        bar.update(first.processed, first.phase)
+        bar = progress(first.processed + await backfill.left(), label or "enrich", "thoughts", stream=stream, show=show)
+        step(bar, first.processed, first.phase)
     else:
         first = None
-        bar = Progress(await backfill.left(), label or "enrich", stream)
+        bar = progress(await backfill.left(), label or "enrich", "thoughts", stream=stream, show=show)
     totals: dict[str, Any] = {"processed": 0, "enriched": 0, "failed": 0, "cursor": None, "done": False, "stopped": None}
     try:
         res = first
         while True:
             if res is None:
                 res = await backfill.run(batch_size=batch_size)
-                bar.update(res.processed, res.phase)
+                step(bar, res.processed, res.phase)
             for k in ("processed", "enriched", "failed"):
                 totals[k] += getattr(res, k)
             totals.update(cursor=res.cursor, done=res.done, stopped=res.stopped, seed_tags=res.seed_tags)
@@ -87,7 +71,8 @@ def cmd_enrich_backfill(args: argparse.Namespace) -> int:
             enricher = (await memex.for_org(ctx)).enrichment
             try:
                 report[org.slug] = await backfill_enrich_org(enricher, batch_size=args.batch_size,
-                                                             restart=args.restart, label=org.slug)
+                                                             restart=args.restart, label=org.slug,
+                                                             show=json_quiet(args))
             except (KeyboardInterrupt, asyncio.CancelledError):
                 print(f"\ninterrupted: run again to resume {org.slug} from its checkpoint", file=sys.stderr)
                 raise
@@ -95,7 +80,7 @@ def cmd_enrich_backfill(args: argparse.Namespace) -> int:
                 print(f"{org.slug}: the daily LLM budget is spent; run again tomorrow to resume", file=sys.stderr)
         return report
 
-    print_json(asyncio.run(with_memex(settings_from(args), run)))
+    emit(asyncio.run(with_memex(settings_from(args), run)), args)
     return 0
 
 
@@ -107,5 +92,6 @@ def add_commands(sub) -> None:
     bf.add_argument("--org", default=None, help="organization slug (default: every organization)")
     bf.add_argument("--batch-size", type=int, default=50, help="thoughts per batch (1-1000)")
     bf.add_argument("--restart", action="store_true", help="drop the checkpoint and start again at pass 1")
+    add_json(bf)
     add_data_dir(bf)
     bf.set_defaults(fn=cmd_enrich_backfill)

@@ -11,7 +11,8 @@ Thoughts go in batches of ``--batch`` (services.thoughts.Thoughts.capture_many: 
 an import again stores nothing twice); a line that is not valid is reported with its number and skipped. The file is
 read as it streams (any size). Then, unless ``--no-wait``, the job worker runs in this process until everything is
 embedded (a serving process on the same data directory may do it instead: it is told through a work hint). Progress
-bars on stderr; a JSON summary on stdout; exit status 0, or 1 when some line was refused.
+bars on stderr (tqdm, on a terminal); a summary on stdout (one JSON document with ``--json``); exit status 0, or 1
+when some line was refused.
 """
 
 from __future__ import annotations
@@ -26,28 +27,16 @@ from typing import Any
 
 import msgspec
 
-from api.cli_common import ProgressBar, add_data_dir, print_json, settings_from, with_memex
+from api.cli_common import add_data_dir, add_json, emit, json_quiet, progress, settings_from, with_memex
 
-__all__ = ["add_commands", "cmd_import", "ByteBar"]
+__all__ = ["add_commands", "cmd_import"]
 
 #: Most refused lines listed in the summary (all are counted).
 SHOWN_ERRORS = 50
 
 
-class ByteBar(ProgressBar):
-    """The progress bar, counting the file's bytes."""
-
-    def _draw(self, end: str) -> None:
-        frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
-        filled = int(frac * self.width)
-        rate = self.done / max(1e-9, time.monotonic() - self.started) / 1e6
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB "
-                f"({frac:4.0%}) {rate:,.1f} MB/s")
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
-
-
-async def _import(memex: Any, slug: str, path: Path, batch: int, wait: bool) -> tuple[dict[str, Any], int]:
+async def _import(memex: Any, slug: str, path: Path, batch: int, wait: bool,
+                  show: bool | None = None) -> tuple[dict[str, Any], int]:
     from tenancy.models import AuthContext
 
     org = await memex.orgs.by_slug(slug)
@@ -77,12 +66,14 @@ async def _import(memex: Any, slug: str, path: Path, batch: int, wait: bool) -> 
                 error(line, f"{item.error.code}: {item.error.message}")
         pending.clear()
 
-    bar = ByteBar(path.stat().st_size, f"import {org.slug}")
+    bar = progress(path.stat().st_size, f"import {org.slug}", "B", show=show, scale=True)
+    read = 0
     with path.open("rb") as stream:
         for line, raw in enumerate(stream, start=1):
-            bar.done += len(raw)
+            read += len(raw)
             if line % 200 == 0:
-                bar.update(0)
+                bar.update(read)
+                read = 0
             summary["lines"] = line
             if not raw.strip():
                 continue
@@ -108,10 +99,10 @@ async def _import(memex: Any, slug: str, path: Path, batch: int, wait: bool) -> 
             else:
                 error(line, f"unknown type {str(kind)[:40]!r}: thought or conversation")
         await flush()
-    bar.update(0)
+    bar.update(read)
     bar.close()
     if wait:
-        summary["indexing"] = await _wait_indexed(memex, org.id)
+        summary["indexing"] = await _wait_indexed(memex, org.id, show)
     return summary, (1 if refused else 0)
 
 
@@ -130,7 +121,7 @@ async def _conversation(services: Any, record: dict[str, Any]) -> int:
     return len(converted)
 
 
-async def _wait_indexed(memex: Any, org_id: str) -> dict[str, Any]:
+async def _wait_indexed(memex: Any, org_id: str, show: bool | None = None) -> dict[str, Any]:
     """Run the worker here until the organization has no job left; a bar counts its jobs done."""
     sql = await memex.org_sql(org_id)
 
@@ -139,18 +130,16 @@ async def _wait_indexed(memex: Any, org_id: str) -> dict[str, Any]:
         return row["n"] if row else 0
 
     total = await left()
-    bar = ProgressBar(total, "indexing")
+    bar = progress(total, "indexing", "jobs", show=show)
     started = time.monotonic()
     memex.worker.wake(org_id)
     while (now_left := await left()) > 0:
-        bar.done = max(0, total - now_left)
-        bar.update(0)
+        bar.update(max(0, total - now_left) - bar.n)
         if not await memex.worker.run_once():
             memex.worker.wake(org_id)
             await asyncio.sleep(0.2)
     await memex.worker.drain()  # and every vector written is searchable (Vectorize applies writes later)
-    bar.done = total
-    bar.update(0)
+    bar.update(total - bar.n)
     bar.close()
     return {"jobs": total, "seconds": round(time.monotonic() - started, 1)}
 
@@ -162,7 +151,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 2
 
     async def run(memex):
-        return await _import(memex, args.org, path, max(1, min(1000, args.batch)), not args.no_wait)
+        return await _import(memex, args.org, path, max(1, min(1000, args.batch)), not args.no_wait, json_quiet(args))
 
     try:
         summary, code = asyncio.run(with_memex(settings_from(args), run))
@@ -171,7 +160,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"memex import: {getattr(exc, 'message', exc)}", file=sys.stderr)
             return 2
         raise
-    print_json(summary)
+    emit(summary, args)
     return code
 
 
@@ -181,6 +170,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--org", required=True, help="organization slug")
     p.add_argument("--batch", type=int, default=500, help="thoughts per batch (default 500, at most 1000)")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the embedding (a serving process does it)")
+    add_json(p)
     add_data_dir(p)
     p.set_defaults(fn=cmd_import)
 

@@ -3,7 +3,8 @@ directory like every other command, through the same services as the REST routes
 
 ``sync`` and ``import`` queue a sync, then (unless ``--no-wait``) run the job worker in this process until the sync
 has finished and every chunk is embedded, with progress bars on stderr (files, then chunks), and print the sync's
-result as JSON: exit code 0 when the sync succeeded (per-file errors included), 1 when it failed. A service
+result (one JSON document with ``--json``): exit code 0 when the sync succeeded (per-file errors included), 1 when it
+failed. A service
 running on the same data directory may pick the jobs up instead (the command leaves it a work hint): the command
 then just watches the sync's row. Errors (an unknown organization or knowledge base, an invalid source) print one
 line on stderr and exit 2 (``api.cli.main``).
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
-from api.cli_common import ProgressBar, add_data_dir, print_json, settings_from, with_memex
+from api.cli_common import add_data_dir, add_json, emit, json_quiet, progress, settings_from, table, with_memex
 
 __all__ = ["add_commands", "cmd_kb_create", "cmd_kb_sync", "cmd_kb_import", "cmd_kb_list", "cmd_kb_status",
-           "pack_directory", "CountBar", "SyncWatch"]
+           "pack_directory", "SyncWatch"]
 
 #: Seconds between two looks at the sync's row (and between two claims when the worker found nothing).
 POLL_SECONDS = 0.25
@@ -40,33 +41,6 @@ def _refuse(message: str, **details: Any) -> Exception:
     from services.errors import InvalidInput
 
     return InvalidInput(message, details=details or None)
-
-
-class CountBar(ProgressBar):
-    """The progress bar counting ``unit``s; counts already done when it starts (``start``) are shown but not in the
-    rate, which runs from ``elapsed`` seconds ago (the work may have begun before the bar). ``set`` moves it to an
-    absolute count (drawn only when it changes)."""
-
-    def __init__(self, total: int, label: str, unit: str, *, start: int = 0, elapsed: float = 0.0,
-                 stream: TextIO | None = None) -> None:
-        super().__init__(total, label, stream)
-        self.unit, self.start, self.done = unit, start, start
-        self.started -= max(0.0, elapsed)
-
-    def set(self, done: int, total: int | None = None) -> None:
-        if total is not None:
-            self.total = max(0, total)
-        if done != self.done:
-            self.update(done - self.done)
-
-    def _draw(self, end: str) -> None:
-        frac = 1.0 if self.total == 0 else min(1.0, self.done / self.total)
-        filled = int(frac * self.width)
-        rate = (self.done - self.start) / max(1e-9, time.monotonic() - self.started)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"({frac:4.0%}) {rate:,.1f} {self.unit}/s")
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
 
 
 # -- the organization and its knowledge bases -------------------------------------------------------------
@@ -143,7 +117,7 @@ def cmd_kb_create(args: argparse.Namespace) -> int:
         return _builtins(KnowledgeBaseCreated(**msgspec.structs.asdict(view), webhook_secret=secret, sync=sync))
 
     created = asyncio.run(with_memex(settings_from(args), run))
-    print_json(created)
+    emit(created, args)
     print("Store the webhook secret now: it is not shown again.", file=sys.stderr)
     return 0
 
@@ -154,13 +128,15 @@ def cmd_kb_create(args: argparse.Namespace) -> int:
 @dataclass
 class SyncWatch:
     """Runs the job worker in this process while it watches one sync: its files, then its knowledge base's
-    chunks until every one is embedded. Progress bars on ``stream``."""
+    chunks until every one is embedded.
+    Progress bars on ``stream`` (drawn as ``api.cli_common.progress_shown`` says; ``show`` forces them on or off)."""
 
     memex: Any
     knowledge: Any
     row: dict[str, Any]
     sync_id: str
     stream: TextIO = field(default_factory=lambda: sys.stderr)
+    show: bool | None = None
     _stop: bool = False
 
     async def run(self) -> tuple[Any, Any]:
@@ -189,17 +165,18 @@ class SyncWatch:
     async def _files(self) -> Any:
         from services.ids import now_ms
 
-        bar: CountBar | None = None
+        bar: Any = None
         try:
             while True:
                 sync = await self.knowledge.bases.sync(self.row, self.sync_id, detail=False)
                 if sync.files_total is not None:
                     if bar is None:
-                        elapsed = (now_ms() - sync.started_at) / 1000 if sync.started_at else 0.0
-                        bar = CountBar(sync.files_total, f"sync {self.row['slug']}", "files", elapsed=elapsed,
-                                       stream=self.stream)
-                        bar.update(0)
-                    bar.set(sync.files_done, sync.files_total)
+                        bar = progress(sync.files_total, f"sync {self.row['slug']}", "files", stream=self.stream,
+                                       show=self.show)
+                        if sync.started_at and not bar.disable:  # begun before the bar (a service ran it)
+                            bar.start_t -= max(0.0, (now_ms() - sync.started_at) / 1000)
+                    bar.total = sync.files_total
+                    bar.update(sync.files_done - bar.n)
                 if sync.state in ("succeeded", "failed"):
                     return sync
                 await asyncio.sleep(POLL_SECONDS)
@@ -209,15 +186,15 @@ class SyncWatch:
 
     async def _chunks(self) -> Any:
         view = await self.knowledge.bases.view(self.row)
-        bar = CountBar(view.chunks, f"embed {self.row['slug']}", "chunks", start=view.chunks_searchable,
-                       stream=self.stream)
-        bar.update(0)
+        bar = progress(view.chunks, f"embed {self.row['slug']}", "chunks", stream=self.stream, show=self.show,
+                       initial=view.chunks_searchable)
         stalled_since: float | None = None
         try:
             while view.chunks_searchable < view.chunks:
                 await asyncio.sleep(POLL_SECONDS)
                 view = await self.knowledge.bases.view(self.row)
-                bar.set(view.chunks_searchable, view.chunks)
+                bar.total = view.chunks
+                bar.update(view.chunks_searchable - bar.n)
                 if await self._embedding_queued():
                     stalled_since = None
                 elif stalled_since is None:
@@ -244,12 +221,13 @@ def _result(sync: Any, view: Any) -> dict[str, Any]:
                                                   "chunks": view.chunks, "chunks_searchable": view.chunks_searchable}}
 
 
-async def _queued_or_waited(memex: Any, ks: Any, row: dict[str, Any], sync_id: str, wait: bool) -> tuple[dict, int]:
+async def _queued_or_waited(memex: Any, ks: Any, row: dict[str, Any], sync_id: str, wait: bool,
+                            show: bool | None = None) -> tuple[dict, int]:
     if not wait:
         print("queued: a service running on this data directory runs it (memex kb status to follow it)",
               file=sys.stderr)
         return _builtins(await ks.bases.sync(row, sync_id, detail=False)), 0
-    sync, view = await SyncWatch(memex, ks, row, sync_id).run()
+    sync, view = await SyncWatch(memex, ks, row, sync_id, show=show).run()
     return _result(sync, view), 0 if sync.state == "succeeded" else 1
 
 
@@ -260,10 +238,10 @@ def cmd_kb_sync(args: argparse.Namespace) -> int:
         ks = await _knowledge(memex, args.org)
         row = await ks.bases.row(args.kb)
         sync_id, _ = await ks.bases.request_sync(row, "cli", full=args.full)
-        return await _queued_or_waited(memex, ks, row, sync_id, not args.no_wait)
+        return await _queued_or_waited(memex, ks, row, sync_id, not args.no_wait, json_quiet(args))
 
     out, code = asyncio.run(with_memex(settings_from(args), run))
-    print_json(out)
+    emit(out, args)
     return code
 
 
@@ -313,10 +291,10 @@ def cmd_kb_import(args: argparse.Namespace) -> int:
         row = await ks.bases.row(args.kb)
         data = await asyncio.to_thread(_archive_bytes, target)
         sync_id = await ks.bases.import_archive(row, data)  # the REST import's checks and filter
-        return await _queued_or_waited(memex, ks, row, sync_id, not args.no_wait)
+        return await _queued_or_waited(memex, ks, row, sync_id, not args.no_wait, json_quiet(args))
 
     out, code = asyncio.run(with_memex(settings_from(args), run))
-    print_json(out)
+    emit(out, args)
     return code
 
 
@@ -328,7 +306,7 @@ def cmd_kb_list(args: argparse.Namespace) -> int:
         ks = await _knowledge(memex, args.org)
         return [_builtins(kb) for kb in await ks.bases.list()]
 
-    print_json(asyncio.run(with_memex(settings_from(args), run)))
+    emit(asyncio.run(with_memex(settings_from(args), run)), args, human=_kb_table)
     return 0
 
 
@@ -345,8 +323,16 @@ def cmd_kb_status(args: argparse.Namespace) -> int:
         out["last_sync"] = _builtins(sync) if sync is not None else None
         return out
 
-    print_json(asyncio.run(with_memex(settings_from(args), run)))
+    emit(asyncio.run(with_memex(settings_from(args), run)), args)
     return 0
+
+
+def _kb_table(rows: list[dict[str, Any]]) -> str:
+    flat = [{**r, "source": (r.get("source") or {}).get("url") or (r.get("source") or {}).get("type"),
+             "last_sync": (r.get("last_sync") or {}).get("state")} for r in rows]
+    return table(flat, [("SLUG", "slug"), ("NAME", "name"), ("VISIBILITY", "visibility"), ("SOURCE", "source"),
+                        ("ENTRIES", "entries"), ("CHUNKS", "chunks"), ("SEARCHABLE", "chunks_searchable"),
+                        ("LAST SYNC", "last_sync")])
 
 
 # -- the parser ------------------------------------------------------------------------------------------------
@@ -372,6 +358,7 @@ def _add_create(kb) -> None:
     cr.add_argument("--exclude", nargs="+", action="extend", metavar="GLOB", default=None,
                     help="files left out (default drafts/** and dot-folders)")
     cr.add_argument("--no-sync", action="store_true", help="do not queue the first sync of a git source")
+    add_json(cr)
     add_data_dir(cr)
     cr.set_defaults(fn=cmd_kb_create)
 
@@ -386,6 +373,7 @@ def add_commands(sub) -> None:
     sy.add_argument("kb", help="the knowledge base's slug or id")
     sy.add_argument("--full", action="store_true", help="compare every file, not only what git says changed")
     sy.add_argument("--no-wait", action="store_true", help="only queue it (a running service syncs it)")
+    add_json(sy)
     add_data_dir(sy)
     sy.set_defaults(fn=cmd_kb_sync)
     im = kb.add_parser("import", help="send a folder or a .zip / .tar.gz to an upload knowledge base and sync it")
@@ -393,15 +381,18 @@ def add_commands(sub) -> None:
     im.add_argument("kb", help="the knowledge base's slug or id")
     im.add_argument("source", metavar="DIR_OR_ARCHIVE")
     im.add_argument("--no-wait", action="store_true", help="only queue the sync (a running service applies it)")
+    add_json(im)
     add_data_dir(im)
     im.set_defaults(fn=cmd_kb_import)
-    ls = kb.add_parser("list", help="the organization's knowledge bases (JSON)")
+    ls = kb.add_parser("list", help="the organization's knowledge bases")
     ls.add_argument("--org", required=True, help="organization slug")
+    add_json(ls)
     add_data_dir(ls)
     ls.set_defaults(fn=cmd_kb_list)
-    st = kb.add_parser("status", help="one knowledge base and its last sync's detail (JSON)")
+    st = kb.add_parser("status", help="one knowledge base and its last sync's detail")
     st.add_argument("--org", required=True, help="organization slug")
     st.add_argument("kb", help="the knowledge base's slug or id")
     st.add_argument("--sync", default=None, metavar="ID", help="this sync instead of the last one")
+    add_json(st)
     add_data_dir(st)
     st.set_defaults(fn=cmd_kb_status)

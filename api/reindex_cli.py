@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from api.cli_common import add_data_dir, make_memex, settings_from
+from api.cli_common import add_data_dir, add_json, emit, json_quiet, make_memex, progress, settings_from
 
 if TYPE_CHECKING:
     from services.search.reindex import ReindexResult
@@ -20,23 +19,29 @@ if TYPE_CHECKING:
 __all__ = ["add_commands", "cmd_reindex", "reindex_org"]
 
 
-async def reindex_org(memex: Any, slug: str, **kw: Any) -> ReindexResult:
-    """``reindex`` for the organization ``slug`` of a started ``api.wiring.Memex``."""
+async def reindex_org(memex: Any, slug: str, *, show: bool | None = None, **kw: Any) -> ReindexResult:
+    """``reindex`` for the organization ``slug`` of a started ``api.wiring.Memex``, with a progress bar (``show``:
+    as ``api.cli_common.progress``)."""
     from services.search.reindex import reindex  # the services load with the command, not with the parser
 
     org = await memex.orgs.by_slug(slug)
     backend = memex.backend
     kw.setdefault("state_dir", Path(memex.settings.data_dir) / "reindex")
-    kw.setdefault("label", f"reindex {slug}")
     backend.patient()  # a long batch job: wait for budget slots instead of failing fast
     store = await memex.stores.open(org.id)
-    return await reindex(store.db, store.index, backend.embedder, org.id, list_ids=backend.id_lister(store.index),
-                         **kw)
+    with progress(None, f"reindex {slug}", "chunks", show=show) as bar:
+
+        def moved(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return await reindex(store.db, store.index, backend.embedder, org.id, list_ids=backend.id_lister(store.index),
+                             progress=moved, **kw)
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
-    """Migrations are applied, the organization is reindexed and a JSON summary printed. Exit code 0 when the new
-    vectors are searchable (or the index applies writes synchronously), 1 when the wait timed out."""
+    """Migrations are applied, the organization is reindexed and a summary printed (JSON with ``--json``). Exit code
+    0 when the new vectors are searchable (or the index applies writes synchronously), 1 when the wait timed out."""
     settings = settings_from(args)
 
     async def go() -> ReindexResult:
@@ -44,7 +49,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         try:
             await memex.start(worker=False)
             return await reindex_org(memex, args.org, restart=args.restart, prune=args.prune,
-                                     page_size=args.page_size, wait=args.wait)
+                                     page_size=args.page_size, wait=args.wait, show=json_quiet(args))
         finally:
             await memex.stop()
 
@@ -59,7 +64,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         "searchable": result.searchable,
         "seconds": result.seconds,
     }
-    print(json.dumps(summary, indent=2))
+    emit(summary, args)
     return 0 if result.searchable in (None, True) else 1
 
 
@@ -71,5 +76,6 @@ def add_commands(sub) -> None:
     ri.add_argument("--prune", action="store_true", help="also delete vectors with no rows behind them")
     ri.add_argument("--page-size", type=int, default=500)
     ri.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the new vectors to be searchable")
+    add_json(ri)
     add_data_dir(ri)
     ri.set_defaults(fn=cmd_reindex)

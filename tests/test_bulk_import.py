@@ -74,7 +74,7 @@ def test_a_batch_is_the_callers_organizations_alone(hlive):
 
 
 def test_memex_import_streams_a_jsonl_file_into_an_organization(tmp_path):
-    env = {**os.environ, "MEMEX_EMBEDDER": "hash", "MEMEX_DATA_DIR": str(tmp_path / "data")}
+    env = {**os.environ, "MEMEX_EMBEDDER": "hash", "MEMEX_DATA_DIR": str(tmp_path / "data"), "MEMEX_PROGRESS": "always"}
     memex = [sys.executable, "-m", "api.cli"]
     subprocess.run([*memex, "org", "create", "--name", "Acme", "--slug", "acme"], env=env, cwd=ROOT, check=True,
                    capture_output=True)
@@ -86,7 +86,7 @@ def test_memex_import_streams_a_jsonl_file_into_an_organization(tmp_path):
     lines.append(json.dumps({"type": "poem", "content": "?"}))
     source = tmp_path / "notes.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    run = subprocess.run([*memex, "import", str(source), "--org", "acme", "--batch", "100"], env=env, cwd=ROOT,
+    run = subprocess.run([*memex, "import", str(source), "--org", "acme", "--batch", "100", "--json"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stderr  # two lines refused
     summary = json.loads(run.stdout)
@@ -94,7 +94,7 @@ def test_memex_import_streams_a_jsonl_file_into_an_organization(tmp_path):
     assert (summary["conversations"], summary["messages"]) == (1, 2)
     assert [e["line"] for e in summary["errors"]] == [301, 303]
     assert summary["indexing"]["jobs"] > 0 and "import acme" in run.stderr and "indexing" in run.stderr
-    again = subprocess.run([*memex, "import", str(source), "--org", "acme"], env=env, cwd=ROOT, capture_output=True,
+    again = subprocess.run([*memex, "import", str(source), "--org", "acme", "--json"], env=env, cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
     assert json.loads(again.stdout)["thoughts"] == {"created": 0, "existing": 300, "refused": 0}
     missing = subprocess.run([*memex, "import", str(source), "--org", "nobody"], env=env, cwd=ROOT, capture_output=True,

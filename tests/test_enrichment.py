@@ -528,11 +528,11 @@ def test_backfill_cli_runs_to_the_end_with_a_progress_bar(nlive):
     ctx = AuthContext(org_id=org.id, org_slug=org.slug, principal="cli", scopes=frozenset({"admin"}))
     enricher = asyncio.run_coroutine_threadsafe(nlive.memex.for_org(ctx), _server_loop(nlive)).result(timeout=30).enrichment
     out = io.StringIO()
-    fut = asyncio.run_coroutine_threadsafe(backfill_enrich_org(enricher, batch_size=2, label=org.slug, stream=out),
-                                           _server_loop(nlive))
+    fut = asyncio.run_coroutine_threadsafe(backfill_enrich_org(enricher, batch_size=2, label=org.slug, stream=out,
+                                                               show=True), _server_loop(nlive))
     totals = fut.result(timeout=60)
     assert totals["done"] and totals["processed"] == 6 and totals["enriched"] == 3
-    lines = out.getvalue().strip().splitlines()
+    lines = out.getvalue().strip().replace("\r", "\n").splitlines()  # tqdm redraws with carriage returns
     assert lines[-1].startswith(org.slug) and "6/6" in lines[-1] and "pass 2" in "".join(lines)
     assert nlive.sql("SELECT COUNT(*) FROM documents WHERE organization_id = ? AND enrichment_state = 'extractive'",
                      (org.id,)) == [(3,)]

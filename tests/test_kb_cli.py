@@ -28,10 +28,12 @@ ADDED = len(READ) - len(SKIPPED) - len(FAILED)
 
 
 def memex(data_dir: Path, *args: str, code: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``memex ARGS --data-dir DATA_DIR`` with the hash embedder and no other MEMEX_* setting of the caller."""
+    """Run ``memex ARGS --json --data-dir DATA_DIR`` with the hash embedder, progress bars drawn though stderr is no
+    terminal (MEMEX_PROGRESS=always), and no other MEMEX_* setting of the caller."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMEX_")}
-    out = subprocess.run([sys.executable, "-m", "api.cli", *args, "--data-dir", str(data_dir)], capture_output=True,
-                         text=True, cwd=ROOT, env={**clean, "MEMEX_EMBEDDER": "hash", **(env or {})}, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "api.cli", *args, "--json", "--data-dir", str(data_dir)],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={**clean, "MEMEX_EMBEDDER": "hash", "MEMEX_PROGRESS": "always", **(env or {})}, timeout=120)
     assert out.returncode == code, f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"
     return out
 
@@ -62,8 +64,8 @@ def test_create_then_sync_then_an_incremental_sync(shelf):
     assert made["sync"]["state"] == "queued" and made["visibility"] == "open"
 
     done = memex(data, "kb", "sync", "--org", ORG, "handbook")
-    assert "sync handbook [" in done.stderr and "files/s" in done.stderr
-    assert f"{len(READ)}/{len(READ)} (100%)" in done.stderr and "embed handbook [" in done.stderr
+    assert "sync handbook: " in done.stderr and "files/s" in done.stderr  # tqdm's bars
+    assert "100%|" in done.stderr and f"| {len(READ)}/{len(READ)} [" in done.stderr and "embed handbook: " in done.stderr
     result = as_json(done)
     assert result["id"] == made["sync"]["id"]  # the queued first sync is the one run
     assert result["state"] == "succeeded" and result["mode"] == "full" and result["files_total"] == len(READ)
@@ -117,7 +119,7 @@ def test_import_a_folder_then_a_zip(shelf, tmp_path):
     assert made["source"]["type"] == "upload" and made["sync"] is None
 
     done = memex(data, "kb", "import", "--org", ORG, "uploaded", str(folder))
-    assert "packed " in done.stderr and "sync uploaded [" in done.stderr
+    assert "packed " in done.stderr and "sync uploaded: " in done.stderr
     result = as_json(done)
     assert result["state"] == "succeeded" and result["trigger"] == "import" and result["files_total"] == len(READ)
     assert result["counts"] == {"added": ADDED, "updated": 0, "deleted": 0, "unchanged": 0, "skipped": len(SKIPPED),

@@ -489,25 +489,25 @@ def test_cli_round_trip(tmp_path):
 
     def memex(*args, ok=True):
         out = subprocess.run([sys.executable, "-m", "api.cli", *args, "--data-dir", str(tmp_path)], capture_output=True,
-                             env={**os.environ, "MEMEX_EMBEDDER": "hash"}, timeout=120)
+                             env={**os.environ, "MEMEX_EMBEDDER": "hash", "MEMEX_PROGRESS": "always"}, timeout=120)
         assert (out.returncode == 0) == ok, out.stderr.decode()
         return out
 
     bundle = tmp_path / "a.jsonl"
-    done = memex("org", "export", "--org", a.slug, "-o", str(bundle))
-    assert b"export " in done.stderr and b"records/s" in done.stderr
-    assert json.loads(done.stderr[done.stderr.index(b"{"):])["counts"]["thought"] == len(NOTES)
-    stdout_bundle = memex("org", "export", "--org", a.slug).stdout
+    done = memex("org", "export", "--org", a.slug, "-o", str(bundle), "--json")
+    assert b"export " in done.stderr and b"records/s" in done.stderr  # tqdm's bar (MEMEX_PROGRESS=always)
+    assert json.loads(done.stdout)["counts"]["thought"] == len(NOTES)  # the summary, the bundle in the file
+    stdout_bundle = memex("org", "export", "--org", a.slug).stdout  # the bundle on stdout, the summary on stderr
     assert comparable(stdout_bundle) == comparable(bundle.read_bytes())
     memex("org", "create", "--name", "Shell C", "--slug", "shell-c")
-    done = memex("org", "import", "--org", "shell-c", str(bundle))
+    done = memex("org", "import", "--org", "shell-c", str(bundle), "--json")
     assert b"import shell-c" in done.stderr
-    assert json.loads(done.stderr[done.stderr.index(b"{"):])["imported"]["message"] == 7
+    assert json.loads(done.stdout)["imported"]["message"] == 7
     again = memex("org", "import", "--org", "shell-c", str(bundle), ok=False)
     assert b"empty organization" in again.stderr
     assert comparable(memex("org", "export", "--org", "shell-c").stdout) == comparable(bundle.read_bytes())
     assert b"nothing was deleted" in memex("org", "delete", "--org", a.slug, "--confirm", "shell-c", ok=False).stderr
-    assert json.loads(memex("org", "delete", "--org", a.slug, "--confirm", a.slug).stdout)["deleted"] == a.slug
+    assert json.loads(memex("org", "delete", "--org", a.slug, "--confirm", a.slug, "--json").stdout)["deleted"] == a.slug
     assert not (tmp_path / "orgs" / a.id).exists()
     memex("org", "export", "--org", a.slug, ok=False)
     assert not list(tmp_path.glob("*.partial"))

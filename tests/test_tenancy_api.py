@@ -119,13 +119,13 @@ def test_cli_does_the_same_work(tmp_path):
         return out.stdout
 
     assert "control: 0001_control.sql" in memex("migrate")
-    created = json.loads(memex("org", "create", "--name", "Shell Co", "--slug", "shell-co"))
+    created = json.loads(memex("org", "create", "--name", "Shell Co", "--slug", "shell-co", "--json"))
     assert created["api_key"]["key"].startswith("mx_")
-    made = json.loads(memex("key", "create", "--org", "shell-co", "--name", "ci", "--scopes", "read"))
-    listed = json.loads(memex("key", "list", "--org", "shell-co"))
+    made = json.loads(memex("key", "create", "--org", "shell-co", "--name", "ci", "--scopes", "read", "--json"))
+    listed = json.loads(memex("key", "list", "--org", "shell-co", "--json"))
     assert {k["id"] for k in listed} == {created["api_key"]["id"], made["id"]}
     assert all("key_hash" not in k and "key" not in k for k in listed)
-    revoked = json.loads(memex("key", "revoke", "--org", "shell-co", made["id"]))
+    revoked = json.loads(memex("key", "revoke", "--org", "shell-co", made["id"], "--json"))
     assert revoked["revoked_at"]
     # the organization has its own database: migrate reaches it, --status lists it
     assert "organizations: 1 up to date" in memex("migrate")

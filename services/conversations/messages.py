@@ -61,6 +61,7 @@ def message_from_row(r: dict[str, Any]) -> Message:
         client_id=r["client_id"],
         created_at=r["created_at"],
         session=r.get("session"),
+        content_encoding=r["content_encoding"],
     )
 
 

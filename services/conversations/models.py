@@ -64,6 +64,9 @@ class Message(msgspec.Struct, kw_only=True):
     #: Epoch ms: the time given on append (created_at / ts), else the time of the append.
     created_at: int
     session: str | None = None
+    #: How the message is stored at rest: "gzip+base64" (compressed), "raw" (under 128 bytes: too small to gain) or
+    #: null (a legacy row stored as given, until `memex conversations backfill-compress` compresses it).
+    content_encoding: str | None = None
 
 
 class ConversationDetail(Conversation, kw_only=True):

@@ -12,12 +12,10 @@ calls, 1 Vectorize upsert, 1 D1 update. ``prune=True`` also deletes the organiza
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from services.ids import now_ms
 from services.ports import Embedder, SqlDatabase, VectorIndex, wait_searchable
@@ -45,32 +43,6 @@ def _index_identity(index: VectorIndex) -> str:
     return f"{type(index).__name__}:{name}"
 
 
-class _Progress:
-    def __init__(self, label: str, total: int, stream=None) -> None:
-        self.label = label
-        self.total = max(total, 0)
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = time.monotonic()
-        self._last = 0.0
-
-    def update(self, done: int, *, final: bool = False) -> None:
-        now = time.monotonic()
-        if not final and now - self._last < (0.2 if self.tty else 5.0):
-            return
-        self._last = now
-        pct = (done / self.total) if self.total else 1.0
-        width = 30
-        bar = "#" * int(pct * width) + "-" * (width - int(pct * width))
-        rate = done / max(now - self.start, 1e-6)
-        text = f"{self.label} [{bar}] {done}/{self.total} chunks ({pct:.0%}, {rate:.0f}/s)"
-        if self.tty:
-            self.stream.write("\r" + text + ("\n" if final else ""))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-
 async def reindex(
     db: SqlDatabase,
     index: VectorIndex,
@@ -82,13 +54,14 @@ async def reindex(
     page_size: int = 500,
     prune: bool = False,
     wait: float = 120.0,
-    progress: bool | Any = True,
+    progress: Callable[[int, int], None] | bool | None = None,
     label: str | None = None,
     list_ids: Callable[[], AsyncIterator[list[str]]] | None = None,
 ) -> ReindexResult:
     """Re-embed and re-upsert every chunk of ``org_id`` (resumable through ``state_dir``). ``list_ids`` pages
     through every id of ``index`` when it cannot list a namespace (Vectorize's ``list_ids``; the caller knows its
-    index): ``prune`` needs one of the two, and prunes nothing without."""
+    index): ``prune`` needs one of the two, and prunes nothing without. ``progress(done, total)`` is called as
+    chunks are done (the command's progress bar; ``label`` is not used and kept for callers)."""
     started = time.monotonic()
     sql, vectors = OrgSql(db, org_id), OrgVectors(index, org_id)
     state_path = (state_dir / f"{org_id}.json") if state_dir is not None else None
@@ -114,10 +87,9 @@ async def reindex(
     total = (await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1"))["n"]
     done = (await sql.one("SELECT COUNT(*) AS n FROM chunks WHERE organization_id = ?1 AND pk <= ?2", [last_pk]))["n"]
     resumed_from = done
-    bar = None
-    if progress:
-        bar = _Progress(label or f"reindex {org_id}", total, None if progress is True else progress)
-        bar.update(done, final=False)
+    bar = progress if callable(progress) else None
+    if bar is not None:
+        bar(done, total)
     embedded = 0
     mutation: str | None = None
     while True:
@@ -149,7 +121,7 @@ async def reindex(
         last_pk = rows[-1]["pk"]
         save(last_pk)
         if bar is not None:
-            bar.update(done)
+            bar(done, total)
         if len(rows) < page_size:
             break
 
@@ -158,8 +130,6 @@ async def reindex(
         pruned, prune_mutation = await _prune(sql, vectors, index, org_id, list_ids)
         mutation = prune_mutation or mutation
     save(last_pk, finished=True)
-    if bar is not None:
-        bar.update(done, final=True)
     searchable = None  # an index that applies writes synchronously has nothing to wait for
     if mutation and wait and index.applies_writes_later:
         searchable = await wait_searchable(index, mutation, wait)
