@@ -74,6 +74,8 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llm_response_format": ("MEMEX_LLM_RESPONSE_FORMAT", ("json_schema", "json_object")),
     "reranker": ("MEMEX_RERANKER", ("none", "workers-ai")),  # + "local" when an adapter is installed
     "client_ip_header": ("MEMEX_CLIENT_IP_HEADER", ("x-forwarded-for", "cf-connecting-ip")),
+    "backend": ("MEMEX_BACKEND", ("direct", "worker")),
+    "log_format": ("MEMEX_LOG_FORMAT", ("text", "json")),
 }
 
 
@@ -110,6 +112,14 @@ class Settings:
     vectors: str = "local"
     #: Which embedder: ``local`` (MiniLM ONNX, offline), ``workers-ai`` (bge-base) or ``hash`` (tests only).
     embedder: str = "local"
+    #: ``direct`` (MEMEX_SQL / MEMEX_VECTORS choose the stores) or ``worker``: every store and Workers AI behind the
+    #: data-plane Worker (worker/, docs/worker-protocol.md) at MEMEX_WORKER_URL; ``sql`` and ``vectors`` then read
+    #: ``worker``.
+    backend: str = "direct"
+    #: The Worker's base URL (https, or http on a loopback address for `memex cloudflare dev`).
+    worker_url: str | None = None
+    #: The secret shared with the Worker (HMAC-SHA256 request signatures), at least 32 bytes.
+    worker_secret: str | None = field(default=None, repr=False)
     #: Public base URL printed in messages (defaults to http://host:port).
     public_url: str | None = None
     #: Largest thought accepted, in bytes of UTF-8 (413 above).
@@ -215,10 +225,16 @@ class Settings:
     kb_cache_dir: Path | None = None
     #: Requests per minute one client address may make without a credential to published knowledge bases.
     kb_public_rate_per_minute: int = 600
+    #: How the request log (one line per request, logger ``memex.request``) is written: ``text`` (through the
+    #: process's logging) or ``json`` (one JSON object per line on stderr).
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
+        self._check_worker()
         for name, (env, allowed) in CHOICES.items():
             value = getattr(self, name)
+            if name in ("sql", "vectors") and value == "worker" and self.backend == "worker":
+                continue
             if isinstance(value, str) and value != value.strip().lower():  # MEMEX_LLM=OpenAI means openai
                 value = value.strip().lower()
                 object.__setattr__(self, name, value)
@@ -237,6 +253,38 @@ class Settings:
                 )
 
         self._check_limits()
+
+    def _check_worker(self) -> None:
+        """MEMEX_BACKEND=worker replaces MEMEX_SQL and MEMEX_VECTORS; the Worker's URL and secret, where given, are
+        checked here (their presence when the Worker backend is built: api.composition.backend)."""
+        backend = str(self.backend or "direct").strip().lower()
+        object.__setattr__(self, "backend", backend)
+        if backend == "worker":
+            sql, vectors = str(self.sql).strip().lower(), str(self.vectors).strip().lower()
+            if sql not in ("sqlite", "worker") or vectors not in ("local", "worker"):
+                raise SettingsError(
+                    f"MEMEX_BACKEND=worker keeps every database and vector behind the Worker: unset MEMEX_SQL and "
+                    f"MEMEX_VECTORS (they say {sql} and {vectors})", details={"setting": "MEMEX_BACKEND"})
+            object.__setattr__(self, "sql", "worker")
+            object.__setattr__(self, "vectors", "worker")
+        if self.worker_url is not None:
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.worker_url.strip())
+            host = (url.hostname or "").lower()
+            loopback = host in ("localhost", "::1") or host.startswith("127.")
+            if url.scheme not in ("https", "http") or not host or url.query or url.fragment or url.username:
+                raise SettingsError(f"MEMEX_WORKER_URL must be the Worker's base URL (https://...), not "
+                                    f"{self.worker_url!r}", details={"setting": "MEMEX_WORKER_URL"})
+            if url.scheme == "http" and not loopback:
+                raise SettingsError("MEMEX_WORKER_URL must use https (plain http only on a loopback address, for "
+                                    f"`memex cloudflare dev`), not {self.worker_url!r}",
+                                    details={"setting": "MEMEX_WORKER_URL"})
+        if self.worker_secret is not None and len(self.worker_secret.encode("utf-8")) < 32:
+            raise SettingsError(
+                f"MEMEX_WORKER_SECRET must be at least 32 bytes (it is {len(self.worker_secret.encode('utf-8'))}): "
+                "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(48))'` and give the Worker "
+                "the same (wrangler secret put MEMEX_WORKER_SECRET)", details={"setting": "MEMEX_WORKER_SECRET"})
 
     def _check_limits(self) -> None:
         for name, env in _RATES.items():
@@ -299,6 +347,9 @@ class Settings:
             sql=_env("MEMEX_SQL", "sqlite"),
             vectors=_env("MEMEX_VECTORS", "local"),
             embedder=_env("MEMEX_EMBEDDER", "local"),
+            backend=_env("MEMEX_BACKEND", "direct"),
+            worker_url=_env("MEMEX_WORKER_URL"),
+            worker_secret=_env("MEMEX_WORKER_SECRET"),
             public_url=_env("MEMEX_PUBLIC_URL"),
             max_content_bytes=_int("MEMEX_MAX_CONTENT_BYTES", 256 * 1024),
             max_metadata_bytes=_int("MEMEX_MAX_METADATA_BYTES", 16 * 1024),
@@ -346,5 +397,6 @@ class Settings:
             kb_allow_http=(_env("MEMEX_KB_ALLOW_HTTP", "false") or "").strip().lower() in ("1", "true", "yes", "on"),
             kb_cache_dir=Path(c) if (c := _env("MEMEX_KB_CACHE_DIR")) else None,
             kb_public_rate_per_minute=_int("MEMEX_KB_PUBLIC_RATE_PER_MINUTE", 600),
+            log_format=_env("MEMEX_LOG_FORMAT", "text"),
         )
         return replace(base, **overrides)

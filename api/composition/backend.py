@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from api.composition import cloudflare
+from api.composition import cloudflare, worker
 from api.settings import Settings, SettingsError
 from services.adapters.cloudflare import D1Database, VectorizeIndex
 from services.adapters.hash_embedder import HashEmbedder
@@ -27,7 +27,8 @@ from services.storage.convert import ConversionReport, convert_on_start
 from services.storage.d1_stores import D1OrgStores
 from services.storage.stores import EmbeddedOrgStores, OrgStores
 
-__all__ = ["Backend", "build_backend", "checked", "embedder_for", "llm_for", "reranker_for", "convert_legacy_layout"]
+__all__ = ["Backend", "build_backend", "build_worker_backend", "checked", "embedder_for", "llm_for", "reranker_for",
+           "convert_legacy_layout"]
 
 
 @dataclass
@@ -44,9 +45,14 @@ class Backend:
     reranker: Reranker | None = None
     #: Vectors written become searchable later (Vectorize): the worker confirms their mutations.
     async_index: bool = False
+    #: MEMEX_BACKEND=worker: the data-plane Worker's client (its requests, ops and retries); None otherwise.
+    worker: Any = None
 
     def cloudflare_stats(self) -> dict | None:
-        """Requests, retries and the request budget of the Cloudflare adapters (None on the embedded backend)."""
+        """Requests, retries and the request budget of the Cloudflare adapters (None on the embedded backend); on the
+        Worker backend, the Worker requests and ops under ``worker``."""
+        if self.worker is not None:
+            return {"worker": self.worker.snapshot()}
         return cloudflare.cloudflare_stats(self.http)
 
     def patient(self) -> None:
@@ -139,7 +145,39 @@ def reranker_for(settings: Any, http: httpx.AsyncClient | None) -> Reranker | No
 _PAIRS = {("sqlite", "local"), ("d1", "vectorize")}
 
 
+def build_worker_backend(settings: Settings) -> Backend:
+    """MEMEX_BACKEND=worker: the control database, every organization's Durable Object, the index and (for
+    ``workers-ai``) the models, all through the data-plane Worker; no Cloudflare REST client at all."""
+    worker.require_settings(settings)
+    http = worker.shared_client(settings)
+    client = worker.client_for(settings, http)
+    if settings.embedder == "workers-ai":
+        embedder: Embedder = checked(worker.embedder(client), Embedder, "MEMEX_EMBEDDER=workers-ai")
+    else:
+        embedder = checked(embedder_for(settings, None), Embedder, f"MEMEX_EMBEDDER={settings.embedder}")
+    control = checked(worker.control(client), SqlDatabase, "MEMEX_BACKEND=worker")
+    stores = worker.stores(settings, client, control, embedder,
+                           check_db=lambda db: checked(db, SqlDatabase, "MEMEX_BACKEND=worker"),
+                           check_index=lambda idx: checked(idx, VectorIndex, "MEMEX_BACKEND=worker"))
+    llm: LLM | None = None
+    if settings.llm == "workers-ai":
+        llm = WorkersAILLM(worker.chat(settings, client))
+    elif settings.llm != "none":
+        llm = llm_for(settings, None)
+    reranker: Reranker | None = None
+    if settings.reranker == "workers-ai":
+        reranker = WorkersAIRerankerPort(worker.reranker(client))
+    elif settings.reranker != "none":
+        reranker = reranker_for(settings, None)
+    return Backend(control=control, stores=stores, embedder=embedder, http=http,
+                   llm=checked(llm, LLM, f"MEMEX_LLM={settings.llm}") if llm is not None else None,
+                   reranker=checked(reranker, Reranker, f"MEMEX_RERANKER={settings.reranker}") if reranker else None,
+                   async_index=True, worker=client)
+
+
 def build_backend(settings: Settings) -> Backend:
+    if getattr(settings, "backend", "direct") == "worker":
+        return build_worker_backend(settings)
     if (settings.sql, settings.vectors) not in _PAIRS:
         raise SettingsError(
             f"MEMEX_SQL={settings.sql} with MEMEX_VECTORS={settings.vectors} is not a backend: each organization's "
