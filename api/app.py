@@ -10,13 +10,13 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme, Tag
 
 from api.auth import PUBLIC_PATHS, AuthMiddleware
+from api.console import console_handlers
 from api.conversations import conversation_handlers  # also registers the conversation MCP tools
 from api.enrichment import enrichment_handlers
-from api.docs import docs_handlers, swagger_assets
+from api.docs import docs_handlers, render_plugins
 from api.errors import exception_handlers
 from api.history import history_handlers  # also registers the history MCP tools
 from api.knowledge import knowledge_handlers
@@ -26,7 +26,9 @@ from api.webhooks import webhook_handlers
 from api.mcp import mcp_handlers
 from api.org_lifecycle import org_lifecycle_handlers
 from api.routes import route_handlers
+from api.usage import usage_handlers
 from api.limits import MAX_BODY_BYTES, guard
+from api.request_log import logging_config, request_log
 from api.schema_fixes import constrain_optional_parameters, drop_head_operations
 from api.strict import strict_body
 from api.settings import Settings
@@ -39,24 +41,18 @@ log = logging.getLogger("memex")
 
 
 def openapi_config() -> OpenAPIConfig:
-    js_url, css_url = swagger_assets()
-    swagger = (
-        SwaggerRenderPlugin(js_url=js_url, css_url=css_url,
-                            standalone_preset_js_url=js_url.replace("swagger-ui-bundle", "swagger-ui-standalone-preset"))
-        if js_url
-        else SwaggerRenderPlugin()
-    )
-    plugins = [swagger, ScalarRenderPlugin()]
     return OpenAPIConfig(
         title="Memex API",
         version=API_VERSION,
         description=(
             "Multi-tenant memory for AI agents. Authenticate with `Authorization: Bearer <api key>` (from sign-up or "
             "POST /v1/keys) or, behind Cloudflare Access, the `Cf-Access-Jwt-Assertion` header. Every error is "
-            '`{"error": {"code", "message", "details"}}`. Agents connect over MCP at `/orgs/{slug}/mcp`.'
+            '`{"error": {"code", "message", "details", "request_id"}}`; every response carries `X-Request-Id` (the '
+            "client's own when it sends a sane one: 1-128 characters of `A-Za-z0-9._:-`). Agents connect over MCP at "
+            "`/orgs/{slug}/mcp`."
         ),
         path="/schema",
-        render_plugins=plugins,
+        render_plugins=render_plugins(),
         components=Components(
             security_schemes={
                 "apiKey": SecurityScheme(type="http", scheme="bearer", bearer_format="mx_<id>_<secret>",
@@ -75,6 +71,7 @@ def openapi_config() -> OpenAPIConfig:
             Tag(name="conversations", description="Verbatim multi-turn conversations"),
             Tag(name="knowledge", description="Knowledge bases: git-synced markdown vaults (admin scope to change)"),
             Tag(name="knowledge (public)", description="A knowledge base's published read-only API, by access tier"),
+            Tag(name="usage", description="What the organization stores and spends, and the limits that apply"),
             Tag(name="admin", description="Organization maintenance (admin scope)"),
             Tag(name="second-brain compatibility", description="The seed's original routes"),
             Tag(name="operations", description="Health"),
@@ -102,7 +99,8 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
 
     app = Litestar(
         route_handlers=[*route_handlers, *history_handlers, *conversation_handlers, *enrichment_handlers, *org_lifecycle_handlers,
-                       *knowledge_handlers, *knowledge_public_handlers, *webhook_handlers, *mcp_handlers, *docs_handlers()],
+                       *knowledge_handlers, *knowledge_public_handlers, *webhook_handlers, *mcp_handlers, *docs_handlers(),
+                       *usage_handlers, *console_handlers()],
         lifespan=[lifespan],
         middleware=[DefineMiddleware(AuthMiddleware, exclude=PUBLIC_PATHS)],
         exception_handlers=exception_handlers,
@@ -111,17 +109,20 @@ def create_app(settings: Settings | None = None, *, memex: Memex | None = None, 
         cors_config=CORSConfig(
             allow_origins=["*"],
             allow_headers=["authorization", "content-type", "accept", "mcp-protocol-version", "mcp-session-id",
-                           "cf-access-jwt-assertion", "memex-organization", "idempotency-key", "if-none-match"],
+                           "cf-access-jwt-assertion", "memex-organization", "idempotency-key", "if-none-match",
+                           "x-request-id"],
             expose_headers=["Mcp-Session-Id", "ETag", "Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
-                            "RateLimit-Policy"],
+                            "RateLimit-Policy", "X-Request-Id"],
         ),
         request_max_body_size=MAX_BODY_BYTES,
+        logging_config=logging_config(settings.log_format),
         debug=False,
     )
     _close_request_objects(app)
     constrain_optional_parameters(app)
     drop_head_operations(app)
     _guard_limits(app)
+    app.asgi_handler = request_log(app.asgi_handler)  # outermost: what the guard refuses is logged, with an id
     return app
 
 

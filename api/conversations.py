@@ -70,31 +70,42 @@ class ConversationController(Controller):
     dependencies = {"org": Provide(org_services)}
 
     @post("/", operation_id="createConversation", guards=[WRITE], status_code=201,
-          responses=error_responses(400, 413, *AUTH_ERRORS), summary="Create a conversation")
+          responses=error_responses(400, 413, *AUTH_ERRORS), summary="Create a conversation",
+          description=("Write scope. An empty conversation with an optional title and metadata; append messages to it with POST "
+                       "/v1/conversations/{conversation_id}/messages."))
     async def create(self, data: ConversationCreateIn, org: OrgServices) -> Conversation:
         return await org.conversations.create(title=data.title, metadata=data.metadata)
 
     @get("/", operation_id="listConversations", guards=[READ], responses=error_responses(400, *AUTH_ERRORS),
-         summary="Conversations, most recently active first")
+         summary="Conversations, most recently active first",
+         description=("Read scope. A page of conversations (title, message count, times), the most recently appended first; "
+                      "page on with `before`."))
     async def list_recent(self, org: OrgServices, limit: ListLimit = 20, before: Before = None) -> ConversationPage:
         return await org.conversations.list_recent(limit=limit, before=before)
 
     @get("/{conversation_id:str}", operation_id="getConversation", guards=[READ],
          responses=error_responses(400, 404, *AUTH_ERRORS),
-         summary="A conversation with a page of its messages (in sequence order) and its indexing state")
+         summary="A conversation with a page of its messages (in sequence order) and its indexing state",
+         description=("Read scope. The conversation, a page of its messages from `from` (verbatim, whatever their storage "
+                      "encoding) and how far its passages are indexed. Another organization's id is 404."))
     async def get_one(self, conversation_id: ConversationId, org: OrgServices, from_: From = 1,
                       limit: PageLimit = 100) -> ConversationDetail:
         return await org.conversations.get(conversation_id, from_sequence=from_, limit=limit)
 
     @delete("/{conversation_id:str}", operation_id="deleteConversation", guards=[WRITE],
             responses=error_responses(404, *AUTH_ERRORS),
-            summary="Delete a conversation: messages, chunks, keyword index and vectors")
+            summary="Delete a conversation: messages, chunks, keyword index and vectors",
+            description=("Write scope. Removes the conversation with every message, passage, keyword index entry and vector, at "
+                         "once."))
     async def delete_one(self, conversation_id: ConversationId, org: OrgServices) -> None:
         await org.conversations.delete(conversation_id)
 
     @post("/{conversation_id:str}/messages", operation_id="appendMessages", guards=[WRITE], status_code=201,
           responses={200: REPLAYED, **error_responses(400, 404, 409, 413, *AUTH_ERRORS)},
-          summary="Append 1-100 messages (sequences are assigned by the server, contiguous from 1); 200 for a replay")
+          summary="Append 1-100 messages (sequences are assigned by the server, contiguous from 1); 200 for a replay",
+          description=("Write scope. Messages are stored verbatim, in order, with server-assigned sequences. Send "
+                       "`Idempotency-Key` (or a `client_id` per message) to make a retry safe: a replay answers 200 and writes "
+                       "nothing. Passages are keyword-searchable at once and embedded by the worker."))
     async def append(self, conversation_id: ConversationId, data: AppendIn, org: OrgServices,
                      idempotency_key: IdempotencyKey = None) -> Response[AppendResult]:
         result, replayed = await org.conversations.append(conversation_id, data.messages, idempotency_key=idempotency_key,
@@ -103,7 +114,8 @@ class ConversationController(Controller):
         return Response(result, status_code=200 if replayed else 201, headers=headers)
 
     @get("/{conversation_id:str}/messages", operation_id="listMessages", guards=[READ],
-         responses=error_responses(400, 404, *AUTH_ERRORS), summary="Messages in a sequence range, in order")
+         responses=error_responses(400, 404, *AUTH_ERRORS), summary="Messages in a sequence range, in order",
+         description="Read scope. The messages with sequences from `from` to `to` (inclusive), at most `limit`, verbatim.")
     async def messages(self, conversation_id: ConversationId, org: OrgServices, from_: From = 1, to: To = None,
                        limit: PageLimit = 100) -> MessagePage:
         return await org.conversations.messages(conversation_id, from_sequence=from_, to_sequence=to, limit=limit)
@@ -111,7 +123,9 @@ class ConversationController(Controller):
 
 @post("/v1/admin/backfill/compress", operation_id="backfillCompress", tags=["admin"], guards=[ADMIN], status_code=200,
       dependencies={"org": Provide(org_services)}, responses=error_responses(400, *AUTH_ERRORS),
-      summary="Compress one batch of the organization's legacy (uncompressed) messages; resume with next_cursor")
+      summary="Compress one batch of the organization's legacy (uncompressed) messages; resume with next_cursor",
+      description=("Admin scope. Messages stored before compression existed are rewritten compressed, a batch per call; their "
+                   "text does not change. Call again with `next_cursor` until it is null."))
 async def backfill_compress(
     org: OrgServices,
     batch_size: Annotated[int, Parameter(ge=1, le=1000, description="messages per batch")] = 200,

@@ -19,7 +19,10 @@ __all__ = ["backfill_enrich", "enrichment_handlers"]
 @post("/v1/admin/backfill/enrich", operation_id="backfillEnrich", tags=["admin"], guards=[ADMIN], status_code=200,
       dependencies={"org": Provide(org_services)}, responses=error_responses(400, *AUTH_ERRORS),
       summary="Enrich one batch of the organization's thoughts without summary/tags (two passes, resumable); "
-              "call again until done")
+              "call again until done",
+      description=("Admin scope. Gives thoughts that have none a summary, tags and importance with the configured language "
+                   "model (MEMEX_LLM), a batch per call, within the organization's daily LLM budget (`stopped: budget` when "
+                   "it is spent); the checkpoint is stored, so calls resume where the last one stopped."))
 async def backfill_enrich(
     org: OrgServices,
     batch_size: Annotated[int, Parameter(ge=1, le=500, description="thoughts per call")] = 50,

@@ -1,15 +1,17 @@
-"""Every error leaves as ``{"error": {"code", "message", "details"}}`` with the right status: the one mapper."""
+"""Every error leaves as ``{"error": {"code", "message", "details", "request_id"}}`` with the right status: the one
+mapper. ``request_id`` is the request's ``X-Request-Id`` (api.request_log)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 
+from api.request_log import current_request_id
 from services.errors import MemexError, RateLimited, answer_status
 
 __all__ = ["ErrorBody", "ErrorDetail", "exception_handlers", "error_response", "error_responses"]
@@ -36,9 +38,12 @@ _CODES = {
 
 
 class ErrorDetail(msgspec.Struct):
+    #: A stable machine-readable code (``not_found``, ``invalid_input``, ``rate_limited``...).
     code: str
     message: str
     details: dict[str, Any]
+    request_id: Annotated[str, msgspec.Meta(
+        description="The request's id: its X-Request-Id response header, and the request log's request_id")]
 
 
 class ErrorBody(msgspec.Struct):
@@ -47,7 +52,8 @@ class ErrorBody(msgspec.Struct):
 
 def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None, headers=None) -> Response:
     return Response(
-        content={"error": {"code": code, "message": message, "details": details or {}}},
+        content={"error": {"code": code, "message": message, "details": details or {},
+                           "request_id": current_request_id()}},
         status_code=status,
         media_type=MediaType.JSON,
         headers=headers,

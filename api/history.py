@@ -31,7 +31,9 @@ class HistoryController(Controller):
     dependencies = {"org": Provide(org_services)}
 
     @get("/", operation_id="getThoughtHistory", guards=[READ], responses=error_responses(404, *AUTH_ERRORS),
-         summary="The originals this thought superseded (merged or replaced), newest first")
+         summary="The originals this thought superseded (merged or replaced), newest first",
+         description=("Read scope. When a capture merged into or replaced this thought, the text it had before is kept as a "
+                      "history entry; this lists them, newest first."))
     async def list_history(self, thought_id: ThoughtId, org: OrgServices) -> ThoughtHistory:
         return await org.thoughts.history.list(thought_id)
 
@@ -39,18 +41,22 @@ class HistoryController(Controller):
           responses={200: ResponseSpec(data_container=CaptureResult,
                                        description="The same content is stored already: that thought"),
                      **error_responses(404, *AUTH_ERRORS)},
-          summary="Recreate a history entry as a thought (a normal capture, no write-time decision), then drop the entry")
+          summary="Recreate a history entry as a thought (a normal capture, no write-time decision), then drop the entry",
+          description=("Write scope. Brings an original back as its own thought (201; 200 when that content is stored already) "
+                       "and removes the history entry."))
     async def restore(self, thought_id: ThoughtId, history_id: HistoryId, org: OrgServices) -> Response[CaptureResult]:
         res = await org.thoughts.history.restore(thought_id, history_id)
         return Response(res, status_code=201 if res.created else 200)
 
     @delete("/", operation_id="purgeThoughtHistory", guards=[WRITE], responses=error_responses(404, *AUTH_ERRORS),
-            summary="Delete every history entry of this thought, for good")
+            summary="Delete every history entry of this thought, for good",
+            description="Write scope. Removes every kept original of this thought; they cannot be restored afterwards.")
     async def purge(self, thought_id: ThoughtId, org: OrgServices) -> None:
         await org.thoughts.history.purge(thought_id)
 
     @delete("/{history_id:str}", operation_id="deleteThoughtHistoryEntry", guards=[WRITE],
-            responses=error_responses(404, *AUTH_ERRORS), summary="Delete one history entry, for good")
+            responses=error_responses(404, *AUTH_ERRORS), summary="Delete one history entry, for good",
+            description="Write scope. Removes one kept original; it cannot be restored afterwards.")
     async def purge_one(self, thought_id: ThoughtId, history_id: HistoryId, org: OrgServices) -> None:
         await org.thoughts.history.purge(thought_id, history_id)
 

@@ -160,12 +160,15 @@ class KnowledgeBaseController(Controller):
         return KnowledgeBaseCreated(**msgspec.structs.asdict(view), webhook_secret=secret, sync=sync)
 
     @get("/", operation_id="listKnowledgeBases", guards=[READ], responses=error_responses(*AUTH_ERRORS),
-         summary="The organization's knowledge bases, with their last sync")
+         summary="The organization's knowledge bases, with their last sync",
+         description=("Read scope. Every knowledge base with its source (never its token), visibility, counts and the state of "
+                      "its last sync."))
     async def list_bases(self, org: OrgServices) -> KnowledgeBaseList:
         return KnowledgeBaseList(await _knowledge(org).bases.list())
 
     @get("/{kb:str}", operation_id="getKnowledgeBase", guards=[READ], responses=error_responses(404, *AUTH_ERRORS),
-         summary="One knowledge base: source (never its token), ontology, counts, last sync")
+         summary="One knowledge base: source (never its token), ontology, counts, last sync",
+         description="Read scope. By id or slug. Another organization's knowledge base is 404.")
     async def get_one(self, kb: KbRef, org: OrgServices) -> KnowledgeBase:
         return await _knowledge(org).bases.get(kb)
 
@@ -179,13 +182,17 @@ class KnowledgeBaseController(Controller):
         return await ks.bases.view(row)
 
     @delete("/{kb:str}", operation_id="deleteKnowledgeBase", guards=[ADMIN], responses=error_responses(404, *AUTH_ERRORS),
-            summary="Delete a knowledge base: every entry, chunk, vector, link, sync record and its git mirror")
+            summary="Delete a knowledge base: every entry, chunk, vector, link, sync record and its git mirror",
+            description=("Admin scope. Removes everything the knowledge base holds, at once; its published URLs answer 404 "
+                         "afterwards."))
     async def delete_one(self, kb: KbRef, org: OrgServices) -> None:
         await _knowledge(org).delete(kb)
 
     @post("/{kb:str}/sync", operation_id="syncKnowledgeBase", guards=[ADMIN], status_code=202,
           responses=error_responses(404, *AUTH_ERRORS),
-          summary="Queue a sync from the git source (202 with the sync; a sync already queued is reused)")
+          summary="Queue a sync from the git source (202 with the sync; a sync already queued is reused)",
+          description=("Admin scope. The worker fetches the git source and updates the entries that changed (`full: true` "
+                       "compares every file). Follow it with GET /v1/knowledge-bases/{kb}/syncs/{sync_id}."))
     async def sync(self, kb: KbRef, org: OrgServices, data: SyncIn | None = None) -> Sync:
         ks = _knowledge(org)
         row = await ks.bases.row(kb)
@@ -193,7 +200,9 @@ class KnowledgeBaseController(Controller):
         return await ks.bases.sync(row, sync_id, detail=False)
 
     @get("/{kb:str}/syncs", operation_id="listKnowledgeBaseSyncs", guards=[READ],
-         responses=error_responses(404, *AUTH_ERRORS), summary="Recent syncs, newest first, with their counts")
+         responses=error_responses(404, *AUTH_ERRORS), summary="Recent syncs, newest first, with their counts",
+         description=("Read scope. The latest syncs with their state, commit and counts of entries added, updated, deleted, "
+                      "unchanged, skipped and failed."))
     async def syncs(self, kb: KbRef, org: OrgServices,
                     limit: Annotated[int, Parameter(ge=1, le=100)] = 20) -> SyncPage:
         ks = _knowledge(org)
@@ -201,7 +210,8 @@ class KnowledgeBaseController(Controller):
 
     @get("/{kb:str}/syncs/{sync_id:str}", operation_id="getKnowledgeBaseSync", guards=[READ],
          responses=error_responses(404, *AUTH_ERRORS),
-         summary="One sync: state, commit, counts, and every per-file error, warning, skip and unresolved link")
+         summary="One sync: state, commit, counts, and every per-file error, warning, skip and unresolved link",
+         description="Read scope. Everything one sync did, file by file.")
     async def sync_detail(self, kb: KbRef, sync_id: SyncId, org: OrgServices) -> Sync:
         ks = _knowledge(org)
         return await ks.bases.sync(await ks.bases.row(kb), sync_id)
@@ -222,7 +232,9 @@ class KnowledgeBaseController(Controller):
 
     @post("/{kb:str}/webhook-secret", operation_id="rotateKnowledgeBaseWebhookSecret", guards=[ADMIN], status_code=200,
           responses=error_responses(404, *AUTH_ERRORS),
-          summary="Replace the webhook secret (the new one is shown once; the old one stops at once)")
+          summary="Replace the webhook secret (the new one is shown once; the old one stops at once)",
+          description=("Admin scope. Update the secret in the repository's webhook settings: deliveries signed with the old one "
+                       "are refused from now on."))
     async def rotate(self, kb: KbRef, org: OrgServices) -> WebhookSecretOut:
         row, secret = await _knowledge(org).bases.rotate_secret(kb)
         return WebhookSecretOut(row["id"], secret, f"/hooks/github/{row['id']}")

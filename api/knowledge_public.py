@@ -186,7 +186,10 @@ def _filters(content_type: str | None, group: str | None, release: str | None, s
 @route(PUBLIC_PREFIX + "/api/v1/entries", http_method=["GET", "HEAD"], operation_id=_operation_id("listPublicEntries"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
        exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
-       summary="List a knowledge base's entries, filtered by content type, group, release, status, tags or date")
+       summary="List a knowledge base's entries, filtered by content type, group, release, status, tags or date",
+       description=("Published read-only API. A page of entries (titles, types, dates, tags; no document bodies). Open "
+                    "knowledge bases need no credential; `public` ones any valid credential; `members` ones this organization's "
+                    "own. Below the tier: 401 without a credential, 404 with one."))
 async def list_entries(request: Request, org_slug: OrgSlug, kb: KbRef, content_type: ContentType = None,
                        group: Group = None, release: Release = None, status: Status = None, tags: Tags = None,
                        date_from: DateFrom = None, date_to: DateTo = None,
@@ -218,7 +221,9 @@ async def get_entry(request: Request, org_slug: OrgSlug, kb: KbRef,
 @route(PUBLIC_PREFIX + "/api/v1/search", http_method=["GET", "HEAD"], operation_id=_operation_id("searchPublic"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
        exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
-       summary="Search a knowledge base (hybrid keyword + vector, reranked when a reranker is configured)")
+       summary="Search a knowledge base (hybrid keyword + vector, reranked when a reranker is configured)",
+       description=("Published read-only API. Passages that match the query, with their entries, as the caller's tier allows "
+                    "(see the knowledge base's visibility)."))
 async def search(request: Request, org_slug: OrgSlug, kb: KbRef,
                  q: Annotated[str, Parameter(min_length=1, max_length=1000, description="the query")],
                  content_type: ContentType = None, group: Group = None, release: Release = None,
@@ -233,7 +238,9 @@ async def search(request: Request, org_slug: OrgSlug, kb: KbRef,
 @route(PUBLIC_PREFIX + "/api/v1/openapi.json", http_method=["GET", "HEAD"], operation_id=_operation_id("publicOpenApi"),
        tags=["knowledge (public)"], security=PUBLIC_SECURITY, exclude_from_auth=True, responses=PUBLIC_ERRORS,
        exception_handlers=PUBLIC_EXCEPTION_HANDLERS,
-       summary="The OpenAPI document of this knowledge base's public API")
+       summary="The OpenAPI document of this knowledge base's public API",
+       description=("Published read-only API. The OpenAPI document of these public routes, with this knowledge base's URL as "
+                    "its server."))
 async def public_openapi(request: Request, org_slug: OrgSlug, kb: KbRef) -> Response[dict[str, Any]]:
     pub = await published(request, org_slug, kb)
     base = request.app.state.memex.settings.public_url or str(request.base_url).rstrip("/")

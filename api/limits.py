@@ -24,6 +24,8 @@ from collections.abc import Callable
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.request_log import current_request_id
+
 __all__ = ["guard", "error_bytes", "body_limit", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_ARCHIVE_BYTES",
            "MAX_BATCH_BODY_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES",
            "MAX_JSON_DEPTH"]
@@ -52,9 +54,11 @@ _CODES = {400: "invalid_input", 413: "payload_too_large", 414: "uri_too_long", 4
           500: "internal", 501: "not_implemented"}
 
 
-def error_bytes(status: int, message: str, details: dict | None = None, code: str | None = None) -> bytes:
+def error_bytes(status: int, message: str, details: dict | None = None, code: str | None = None,
+                request_id: str | None = None) -> bytes:
     return msgspec.json.encode(
-        {"error": {"code": code or _CODES.get(status, "error"), "message": message, "details": details or {}}}
+        {"error": {"code": code or _CODES.get(status, "error"), "message": message, "details": details or {},
+                   "request_id": request_id or current_request_id()}}
     )
 
 

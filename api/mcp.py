@@ -27,6 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from api.errors import error_response
 from api.limits import MAX_JSON_DEPTH
+from api.request_log import current_request_id
 from api.strict import json_too_deep
 from api.wiring import Memex, OrgServices
 from services.errors import MemexError, NotFound
@@ -330,7 +331,7 @@ def _error_bodies(send: Send) -> Send:
         text = _TRANSPORT_MESSAGES.get(code, text.strip()[:300] or "error")
         details = {"jsonrpc_code": code} if isinstance(code, int) else {}
         out = msgspec.json.encode({"error": {"code": _TRANSPORT_CODES.get(status, "error"), "message": text,
-                                             "details": details}})
+                                             "details": details, "request_id": current_request_id()}})
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-type", b"content-length")]
         await send({**start, "headers": [*headers, (b"content-type", b"application/json"),
                                          (b"content-length", str(len(out)).encode())]})

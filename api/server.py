@@ -16,6 +16,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api.limits import MAX_HEADER_BYTES, MAX_URL_BYTES, error_bytes
+from api.request_log import new_request_id
 
 __all__ = ["JsonErrorsH11Protocol", "server_options"]
 
@@ -59,9 +60,10 @@ class JsonErrorsH11Protocol(H11Protocol):
             431: "the request head (line and headers) is too large",
             501: "this transfer encoding is not supported",
         }
-        body = error_bytes(status, messages[status])
+        request_id = new_request_id()  # the app never saw this request: its id is made here
+        body = error_bytes(status, messages[status], request_id=request_id)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+                   (b"connection", b"close"), (b"x-request-id", request_id.encode())]
         try:
             reason = {400: b"Bad Request", 414: b"URI Too Long", 431: b"Request Header Fields Too Large",
                       501: b"Not Implemented"}[status]

@@ -217,11 +217,18 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
     assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"code", "message", "details"}, body
+    assert set(body["error"]) == {"code", "message", "details", "request_id"}, body
+    assert body["error"]["request_id"] == response.headers["x-request-id"], (body, response.headers)
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     if code:
         assert body["error"]["code"] == code, body
     return body["error"]
+
+
+def error_body(response: httpx.Response) -> dict:
+    """An error body without its request id (which names the request): what two answers must share to say the same."""
+    body = response.json()
+    return {**body, "error": {k: v for k, v in body["error"].items() if k != "request_id"}}
 
 
 @contextmanager

@@ -176,7 +176,7 @@ def test_what_the_http_server_refuses_is_a_json_error(fuzz_live, log_records):
     for data, status in cases:
         got, body = _raw(fuzz_live, data)
         assert got == status, (data[:60], got, body)
-        assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}, body
+        assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details", "request_id"}, body
     # a body cut short by the client: no reply is possible, and nothing worse than a line in the log
     _raw(fuzz_live, b"POST /v1/signup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
                     b"\r\n{\"name\"", shutdown=True)

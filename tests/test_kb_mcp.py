@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mcp.shared.exceptions import McpError
 
-from tests.conftest import assert_error
+from tests.conftest import assert_error, error_body
 from tests.kb_published import create_kb, git_vault, published_kbs, wait_synced
 from tests.kb_vault import GROUP_OF, LINKS, PATHS_BY_ID, RELEASE_OF, RELEASES, TYPES_BY_ID, frontmatter
 from tests.mcp_client import mcp_session
@@ -256,7 +256,7 @@ def test_who_may_reach_the_endpoint(kb):
                 assert_error(r, status, {401: "unauthenticated", 404: "not_found"}[status])
         for caller in ("anonymous", "other"):
             private = c.post(f"/kb/{kb.org.slug}/priv/mcp", json=init, headers={**accept, **kb.callers[caller]})
-            assert private.json() == unknown.json()
+            assert error_body(private) == error_body(unknown)
         assert_error(c.get(f"/kb/{kb.org.slug}/coop/mcp"), 405)
 
 
