@@ -45,12 +45,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, "
           f"data={settings.data_dir.resolve()})")
-    print(f"  API docs:     {base}/schema/swagger   (OpenAPI: {base}/schema/openapi.json)")
+    print(f"  Console:      {base}/   (sign up, keys, thoughts, search, connect an agent)")
+    print(f"  API docs:     {base}/docs   (OpenAPI: {base}/schema/openapi.json)")
     print(f"  Sign up:      eval \"$(memex signup --name Acme --slug acme --url {base})\"   "
           "(exports MEMEX_URL, MEMEX_KEY, MEMEX_MCP_URL)")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **server_options())
+    # log_config=None: uvicorn's own lines go through the service's logging (text, or JSON with MEMEX_LOG_FORMAT=json)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, log_config=None,
+                **server_options())
     return 0
 
 

@@ -133,6 +133,8 @@ async def _shapes(db: SqlDatabase) -> dict[str, _Shape]:
     out = {}
     for r in (await db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name")).rows:
         name, sql = r["name"], r["sql"] or ""
+        if name.startswith("_cf_"):  # Cloudflare's own (D1, Durable Objects): not ours, and not readable by PRAGMA
+            continue
         columns = (await db.execute(f"PRAGMA table_info({quote(name)})")).rows
         indexes = []
         if not sql.lstrip().upper().startswith("CREATE VIRTUAL TABLE") and not name.startswith("sqlite_"):
