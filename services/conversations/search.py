@@ -51,12 +51,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from services.conversations.compression import decode_content
 
@@ -99,6 +101,11 @@ NEIGHBOURS, NEIGHBOUR_FACTOR, SESSION_FACTOR = 2, 0.5, 1.0
 CONTEXT = 2
 #: Fused candidates (windows and turns) the search hands this hydrator, whatever top_k.
 DEPTH = 200
+#: Candidate messages given a local score (analysed: BM25 over them, trigram closeness): the best this many by
+#: their turn and window scores (with the date boost); the rest keep the user prior only. The local part weighs
+#: at most W_LOCAL * 1.45 (~0.07), so it reorders near-ties; analysing every message of every candidate window
+#: (~260 a search at 1,000 conversations) was most of the hydrator's time (bench/README.md).
+LOCAL_POOL = 64
 
 
 @lru_cache(maxsize=65536)
@@ -114,15 +121,15 @@ def _stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Stemmed content words of ``text`` (stop words dropped unless nothing else is left)."""
-    return _analyse(text)[0]
+    return list(_analyse(text)[0])
 
 
-def _analyse(text: str) -> tuple[list[str], str]:
-    """One pass over a message: its ``terms`` and its content words joined by spaces (what ``_closeness``
-    compares the query's trigrams with)."""
+def _analyse(text: str) -> tuple[tuple[str, ...], str]:
+    """One pass over a message: its ``terms`` (a tuple: ``count`` and ``in`` on it run in C) and its content
+    words joined by spaces and padded with one each side (what ``_closeness`` looks for the query's trigrams in)."""
     words = _WORD.findall(text.lower())
     content = [w for w in words if w not in _STOP]
-    return [_stem(w) for w in (content or words)], " ".join(content)
+    return tuple(map(_stem, content or words)), f" {' '.join(content)} " if content else ""
 
 
 def _trigrams(text: str) -> set[str]:
@@ -138,10 +145,10 @@ def _trigrams(text: str) -> set[str]:
 #: Analysed messages (``_analyse``) kept between searches, by (organization, message id): a message's text never
 #: changes (compression re-encodes it, the same text), and the candidates of related queries overlap.
 ANALYSED_CACHE = 20_000
-_ANALYSED: OrderedDict[tuple[str, str], tuple[list[str], str]] = OrderedDict()
+_ANALYSED: OrderedDict[tuple[str, str], tuple[tuple[str, ...], str]] = OrderedDict()
 
 
-def _analysed(org_id: str, row: dict[str, Any]) -> tuple[list[str], str]:
+def _analysed(org_id: str, row: dict[str, Any]) -> tuple[tuple[str, ...], str]:
     key = (org_id, row["id"])
     hit = _ANALYSED.get(key)
     if hit is not None:
@@ -153,43 +160,55 @@ def _analysed(org_id: str, row: dict[str, Any]) -> tuple[list[str], str]:
     return hit
 
 
-def _closeness(q_trigrams: set[str], words: str) -> float:
-    """Character-trigram closeness of a text to the query, normalised for the text's length (0..1). ``words``:
-    the text's content words joined by spaces (``_analyse``)."""
-    if not q_trigrams or not words:
+def _closeness(q_trigrams: set[str], padded: str) -> float:
+    """Character-trigram closeness of a text to the query, normalised for the text's length (0..1). ``padded``:
+    the text's content words joined by spaces, one space each side (``_analyse``): a query trigram (from one
+    padded word) is in it exactly when some word of the text holds it, so one substring test per trigram."""
+    if not q_trigrams or not padded:
         return 0.0
-    padded = f" {words} "
-    found = sum(1 for g in q_trigrams if g in padded)  # substring tests run in C
+    found = sum(map(padded.__contains__, q_trigrams))  # substring tests run in C
     return found / math.sqrt(len(q_trigrams) * len(padded))
 
 
 def score_messages(query: str, texts: Sequence[str]) -> list[float]:
     """BM25 of ``query`` over ``texts``, document frequencies from ``texts`` themselves."""
-    docs = [terms(t) for t in texts]
+    docs = [_analyse(t)[0] for t in texts]
     return _Bm25(terms(query), docs).scores(docs)
 
 
 class _Bm25:
-    """BM25 of one query, with document frequencies and mean length from a pool of documents."""
+    """BM25 of one query, with document frequencies and mean length from a pool of documents (term tuples). The
+    query's few terms are counted in every document by ``tuple.count`` and the scores summed as arrays: no Python
+    loop over a document's terms, nor over the documents (the same floating-point operations, in the same order,
+    as the per-document sum)."""
 
-    def __init__(self, query_terms: Sequence[str], pool: Sequence[Sequence[str]]) -> None:
-        self.wanted = set(query_terms)
-        n = max(1, len(pool))
-        self.avg = sum(len(d) for d in pool) / n or 1.0
-        df = Counter(t for d in pool for t in self.wanted.intersection(d))
-        self.idf = {t: math.log(1 + (n - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in self.wanted}
+    def __init__(self, query_terms: Sequence[str], pool: Sequence[tuple[str, ...]]) -> None:
+        self.wanted = list(dict.fromkeys(query_terms))
+        self.pool = pool
+        n = len(pool)
+        self.avg = sum(map(len, pool)) / max(1, n) or 1.0
+        self.counts = {t: np.fromiter(map(tuple.count, pool, repeat(t, n)), dtype=np.float64, count=n)
+                       for t in self.wanted}
+        df = {t: int(np.count_nonzero(f)) for t, f in self.counts.items()}
+        n = max(1, n)
+        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in self.wanted}
 
     def full(self) -> float:
         """About what a document holding every query term once would score (a scale for the scores)."""
         return sum(self.idf.values()) or 1.0
 
-    def scores(self, docs: Sequence[Sequence[str]]) -> list[float]:
-        out = []
-        for d in docs:
-            tf = Counter(t for t in d if t in self.wanted)
-            norm = K1 * (1 - B + B * len(d) / self.avg)
-            out.append(sum(self.idf[t] * f * (K1 + 1) / (f + norm) for t, f in tf.items()))
-        return out
+    def scores(self, docs: Sequence[tuple[str, ...]] | None = None) -> list[float]:
+        """The scores of ``docs`` (None: the pool's own documents)."""
+        docs = self.pool if docs is None else docs
+        n = len(docs)
+        counts = self.counts if docs is self.pool else {
+            t: np.fromiter(map(tuple.count, docs, repeat(t, n)), dtype=np.float64, count=n) for t in self.wanted}
+        norm = K1 * (1 - B + B * np.fromiter(map(len, docs), dtype=np.float64, count=n) / self.avg)
+        out = np.zeros(n)
+        for t in self.wanted:
+            f = counts[t]
+            out += np.where(f > 0, self.idf[t] * f * (K1 + 1) / (f + norm), 0.0)
+        return out.tolist()
 
 
 class ConversationHydrator:
@@ -210,7 +229,7 @@ class ConversationHydrator:
 
     async def __call__(self, sql: OrgSql, group: list, opts: Any) -> list[SearchHit]:
         chunk_rows = await sql.rows(
-            "SELECT id, kind, parent_id, content, start_sequence, end_sequence FROM chunks WHERE organization_id = ?1 "
+            "SELECT id, kind, parent_id, start_sequence, end_sequence FROM chunks WHERE organization_id = ?1 "
             "AND id IN (SELECT value FROM json_each(?2))",
             [json.dumps([c.chunk_id for c in group])],
         )
@@ -238,12 +257,12 @@ class ConversationHydrator:
         window_floor = min((w[0] for w in windows), default=0.0)
         keys = list(dict.fromkeys([*turn_of, *window_of]))
 
-        rows = await sql.rows(
-            "SELECT m.id, m.conversation_id, m.sequence, m.role, m.content, m.content_encoding, m.metadata, "
-            "m.client_id, m.created_at, m.session FROM json_each(?2) AS r CROSS JOIN messages AS m "
+        rows = await sql.rows(  # the candidate messages as runs of consecutive ones: one index seek per run
+            "SELECT m.id, m.conversation_id, m.sequence, m.role, m.content, m.content_encoding, m.created_at, "
+            "m.session FROM json_each(?2) AS r CROSS JOIN messages AS m "
             "ON m.organization_id = ?1 AND m.conversation_id = json_extract(r.value, '$[0]') "
-            "AND m.sequence = json_extract(r.value, '$[1]')",
-            [json.dumps(keys)],
+            "AND m.sequence BETWEEN json_extract(r.value, '$[1]') AND json_extract(r.value, '$[2]')",
+            [json.dumps(_runs(keys))],
         )
         msgs = {(r["conversation_id"], r["sequence"]): r for r in rows}
         lo_t, hi_t = opts.time_from, opts.time_to
@@ -251,32 +270,41 @@ class ConversationHydrator:
                 and (hi_t is None or msgs[k]["created_at"] <= hi_t)]
         if not keys:
             return []
-        analysed = {k: _analysed(sql.org_id, msgs[k]) for k in keys}
-        docs = {k: a[0] for k, a in analysed.items()}
-        bm25 = _Bm25(terms(opts.query), list(docs.values()))
-        full = bm25.full()
-        local_bm25 = dict(zip(keys, bm25.scores([docs[k] for k in keys]), strict=True))
-        q_trigrams = _trigrams(opts.query)
         ref = opts.reference_time if opts.reference_time is not None else now_ms()
         dated = resolve_relative(opts.query, ref)
+        base: dict[tuple[str, int], tuple[float, float, float, bool]] = {}  # turn, window, turn + window, dated
+        for k in keys:
+            turn = turn_of[k][0] if k in turn_of else turn_floor
+            window = window_of[k][0] if k in window_of else window_floor
+            in_range = dated is not None and dated[0] <= msgs[k]["created_at"] <= dated[1]
+            base[k] = (turn, window, (W_TURN * turn + W_WINDOW * window) * (1 + W_DATE if in_range else 1.0), in_range)
+        # The local score (BM25 over the pool, trigram closeness) for the LOCAL_POOL best by turn and window only
+        pool = sorted(keys, key=lambda k: (-base[k][2], k))[:LOCAL_POOL]
+        analysed = {k: _analysed(sql.org_id, msgs[k]) for k in pool}
+        bm25 = _Bm25(terms(opts.query), [analysed[k][0] for k in pool])
+        full = bm25.full()
+        local_bm25 = dict(zip(pool, bm25.scores(), strict=True))
+        q_trigrams = _trigrams(opts.query)
 
         scored: dict[tuple[str, int], float] = {}
         parts: dict[tuple[str, int], dict[str, float]] = {}
         for k in keys:
-            turn = turn_of[k][0] if k in turn_of else turn_floor
-            window = window_of[k][0] if k in window_of else window_floor
-            local = (local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, analysed[k][1])
-                     + (W_USER if msgs[k]["role"] == "user" else 0.0))
+            turn, window, _, in_range = base[k]
+            local = W_USER if msgs[k]["role"] == "user" else 0.0
+            if k in analysed:
+                local += local_bm25[k] / full + W_TRIGRAM * _closeness(q_trigrams, analysed[k][1])
             score = W_TURN * turn + W_WINDOW * window + W_LOCAL * local
-            in_range = dated is not None and dated[0] <= msgs[k]["created_at"] <= dated[1]
             if in_range:
                 score *= 1 + W_DATE
             scored[k] = score
-            parts[k] = {"turn": round(turn, 6), "window": round(window, 6), "local": round(local, 6),
-                        "date_boost": in_range}
+            if opts.explain:
+                parts[k] = {"turn": round(turn, 6), "window": round(window, 6), "local": round(local, 6),
+                            "date_boost": in_range}
 
-        picked = _diverse(scored, {k: (k[0], msgs[k]["session"]) for k in keys},
-                          {k: (k[0], " ".join(docs[k])) for k in keys}, opts.top_k)
+        def text(k: tuple[str, int]) -> Hashable:  # analysed when a pick from its conversation asks
+            return _analysed(sql.org_id, msgs[k])[0]
+
+        picked = _diverse(scored, {k: (k[0], msgs[k]["session"]) for k in keys}, text, opts.top_k)
         return await self._hits(sql, picked, msgs, turn_of, window_of, chunks, parts, dated, opts)
 
     async def _hits(self, sql: OrgSql, picked: list[tuple[tuple[str, int], float]], msgs, turn_of, window_of,
@@ -285,31 +313,30 @@ class ConversationHydrator:
             return []
         texts = {k: decode_content(msgs[k]["content"], msgs[k]["content_encoding"]) for k, _ in picked}
         ranges = [[cid, max(1, s - CONTEXT), s + CONTEXT] for (cid, s), _ in picked]
-        ctx_rows, turn_rows, convs = await _gather(
-            sql.rows(
-                "SELECT m.id, m.conversation_id, m.sequence, m.role, m.content, m.content_encoding, m.metadata, "
-                "m.client_id, m.created_at, m.session FROM json_each(?2) AS r CROSS JOIN messages AS m "
-                "ON m.organization_id = ?1 AND m.conversation_id = json_extract(r.value, '$[0]') "
-                "AND m.sequence BETWEEN json_extract(r.value, '$[1]') AND json_extract(r.value, '$[2]')",
-                [json.dumps(ranges)],
-            ),
-            sql.rows(  # the turn chunks of picked messages that only a window found
-                "SELECT c.id, c.parent_id, c.start_sequence FROM json_each(?2) AS r CROSS JOIN chunks AS c "
-                "ON c.organization_id = ?1 AND c.kind = 'turn' AND c.parent_id = json_extract(r.value, '$[0]') "
-                "AND c.ordinal = json_extract(r.value, '$[1]')",
-                [json.dumps([list(k) for k, _ in picked if k not in turn_of])],
-            ),
-            sql.rows(
-                "SELECT id, title, metadata, created_at FROM conversations WHERE organization_id = ?1 "
-                "AND id IN (SELECT value FROM json_each(?2))",
-                [json.dumps(sorted({k[0] for k, _ in picked}))],
-            ),
+        # One statement: the messages around each pick, each with its conversation's fields and its turn chunk's
+        # id (the hit's chunk when only a window found the message). A deleted conversation has no rows.
+        ctx_rows = await sql.rows(
+            "SELECT m.id, m.conversation_id, m.sequence, m.role, m.content, m.content_encoding, m.metadata, "
+            "m.client_id, m.created_at, m.session, v.title AS conversation_title, "
+            "v.metadata AS conversation_metadata, v.created_at AS conversation_created_at, "
+            "(SELECT t.id FROM chunks AS t WHERE t.organization_id = ?1 AND t.kind = 'turn' "
+            "AND t.parent_id = m.conversation_id AND t.ordinal = m.sequence) AS turn_chunk_id "
+            "FROM json_each(?2) AS r CROSS JOIN messages AS m "
+            "ON m.organization_id = ?1 AND m.conversation_id = json_extract(r.value, '$[0]') "
+            "AND m.sequence BETWEEN json_extract(r.value, '$[1]') AND json_extract(r.value, '$[2]') "
+            "CROSS JOIN conversations AS v ON v.organization_id = ?1 AND v.id = m.conversation_id",
+            [json.dumps(ranges)],
         )
         around: dict[str, dict[int, dict[str, Any]]] = {}
+        turn_ids: dict[tuple[str, int], str] = {}
+        conv_rows: dict[str, dict[str, Any]] = {}
         for r in ctx_rows:
             around.setdefault(r["conversation_id"], {})[r["sequence"]] = msgspec.to_builtins(message_from_row(r))
-        turn_ids = {(r["parent_id"], r["start_sequence"]): r["id"] for r in turn_rows}
-        conv_rows = {r["id"]: r for r in convs}
+            if r["turn_chunk_id"] is not None:
+                turn_ids[(r["conversation_id"], r["sequence"])] = r["turn_chunk_id"]
+            conv_rows[r["conversation_id"]] = {"title": r["conversation_title"],
+                                               "metadata": r["conversation_metadata"],
+                                               "created_at": r["conversation_created_at"]}
         hits = []
         for (cid, seq), score in picked:
             conv = conv_rows.get(cid)
@@ -347,13 +374,31 @@ class ConversationHydrator:
         return hits
 
 
-def _diverse(scored: dict[tuple[str, int], float], session: dict[tuple[str, int], str],
-             text: dict[tuple[str, int], tuple[str, str]], k: int) -> list[tuple[tuple[str, int], float]]:
+def _runs(keys: list[tuple[str, int]]) -> list[list[Any]]:
+    """``(conversation, sequence)`` keys as ``[conversation, first, last]`` runs of consecutive sequences."""
+    runs: list[list[Any]] = []
+    for cid, seq in sorted(keys):
+        if runs and runs[-1][0] == cid and runs[-1][2] == seq - 1:
+            runs[-1][2] = seq
+        else:
+            runs.append([cid, seq, seq])
+    return runs
+
+
+def _diverse(scored: dict[tuple[str, int], float], session: dict[tuple[str, int], Hashable],
+             text: Callable[[tuple[str, int]], Hashable], k: int) -> list[tuple[tuple[str, int], float]]:
     """Greedy pick of ``k`` messages: a picked message's neighbours (+-NEIGHBOURS, same conversation) count
-    NEIGHBOUR_FACTOR, and each pick from a session multiplies that session's other messages by SESSION_FACTOR.
-    Returns ``(key, adjusted score)`` best first."""
+    NEIGHBOUR_FACTOR, each pick from a session multiplies that session's other messages by SESSION_FACTOR, and a
+    message repeating a picked one's text (``text``: same conversation, same terms) counts REPEAT_FACTOR.
+    Returns ``(key, adjusted score)`` best first. A pick lowers only the messages it shares a conversation, a
+    session or a text with, found through indexes of those rather than by a pass over every candidate."""
     order = sorted(scored, key=lambda key: (-scored[key], key))
     factor = dict.fromkeys(order, 1.0)
+    by_conv: dict[str, list[tuple[str, int]]] = {}
+    by_session: dict[Hashable, list[tuple[str, int]]] = {}
+    for key in order:
+        by_conv.setdefault(key[0], []).append(key)
+        by_session.setdefault(session[key], []).append(key)
     out: list[tuple[tuple[str, int], float]] = []
     taken: set[tuple[str, int]] = set()
     while len(out) < k and len(taken) < len(order):
@@ -371,19 +416,16 @@ def _diverse(scored: dict[tuple[str, int], float], session: dict[tuple[str, int]
         taken.add(best)
         out.append((best, best_score))
         cid, seq = best
-        for key in order:
+        said = text(best)
+        for key in by_conv[cid]:  # neighbours and repeats are in the pick's own conversation
             if key in taken:
                 continue
-            if key[0] == cid and abs(key[1] - seq) <= NEIGHBOURS:
+            if abs(key[1] - seq) <= NEIGHBOURS:
                 factor[key] *= NEIGHBOUR_FACTOR
-            if session[key] == session[best]:
-                factor[key] *= SESSION_FACTOR
-            if text[key] == text[best]:
+            if text(key) == said:
                 factor[key] *= REPEAT_FACTOR
+        if SESSION_FACTOR != 1.0:
+            for key in by_session[session[best]]:
+                if key not in taken:
+                    factor[key] *= SESSION_FACTOR
     return out
-
-
-async def _gather(*aws):
-    import asyncio
-
-    return await asyncio.gather(*aws)

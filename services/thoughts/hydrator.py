@@ -4,14 +4,38 @@ documents and best chunks read back, deleted ones skipped, ``tags`` / ``from`` /
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from services.models import SearchHit
+from services.ports import Statement
 from services.search.fusion import Candidate, explain_candidate
 from services.search.ranking import FEATURE_NAMES, RANKING_FEATURES, feature_columns
 from services.search.search import SearchOptions
 from services.storage.scoped import OrgSql
 
 __all__ = ["ThoughtHydrator", "hydrate_thoughts"]
+
+
+#: What a hit needs of its document ``d`` (its fields and the ranking stage's, ``FEATURE_NAMES``) and of its chunk
+#: ``c`` (its text, and its id as ``hydrated_chunk_id``). A search on D1 selects them in its keyword statement too
+#: (``services.search.search``: one request for the keyword side and the hits).
+HYDRATE_COLUMNS = (
+    "c.id AS hydrated_chunk_id, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, "
+    "d.created_at, " + feature_columns("d")
+)
+#: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there. CROSS JOIN keeps
+#: SQLite's planner on the candidate list first (each row a primary-key lookup), not on every document of the
+#: organization.
+_HYDRATE = (
+    "SELECT " + HYDRATE_COLUMNS + " FROM json_each(?2) AS j "
+    "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')"
+)
+
+
+def hydrate_statement(sql: OrgSql, pairs: list[list[str]]) -> Statement:
+    """The hydration of ``[document id, chunk id]`` pairs as a statement (for a batch)."""
+    return sql.stmt(_HYDRATE, json.dumps(pairs))
 
 
 class ThoughtHydrator:
@@ -26,30 +50,33 @@ class ThoughtHydrator:
     async def check_parent(self, sql: OrgSql, parent_id: str) -> None:
         """Nothing: a search scoped to another organization's (or no) thought finds nothing of it."""
 
-    async def __call__(self, sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
-        return await _hydrate_thoughts(sql, group, opts)
+    #: The columns ``rows`` must hold (``HYDRATE_COLUMNS``) and the statement that reads them for candidate pairs.
+    hydrate_columns = HYDRATE_COLUMNS
+
+    @staticmethod
+    def hydrate_statement(sql: OrgSql, pairs: list[list[str]]) -> Statement:
+        return hydrate_statement(sql, pairs)
+
+    async def __call__(self, sql: OrgSql, group: list[Candidate], opts: SearchOptions,
+                       rows: list[dict[str, Any]] | None = None) -> list[SearchHit]:
+        """Hits for ``group``; ``rows``: hydration rows the search read ahead (D1), else one statement reads them."""
+        return await _hydrate_thoughts(sql, group, opts, rows)
 
 
-#: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there (``i``: its position):
-#: the document's fields, the ranking stage's (``FEATURE_NAMES``) and the chunk's text. CROSS JOIN keeps SQLite's
-#: planner on the candidate list first (each row a primary-key lookup), not on every document of the organization.
-_HYDRATE = (
-    "SELECT j.key AS i, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, d.created_at, "
-    + feature_columns("d") + " FROM json_each(?2) AS j "
-    "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
-    "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')"
-)
-
-
-async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOptions) -> list[SearchHit]:
+async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOptions,
+                            rows: list[dict[str, Any]] | None = None) -> list[SearchHit]:
     # One statement (on D1 one request; embedded, a plain read): each candidate's document, with what the ranking
-    # stage reads of it, and its chunk. A candidate whose document or chunk is gone has no row.
-    rows = await sql.rows(_HYDRATE, [json.dumps([[c.parent_id, c.chunk_id] for c in group])])
-    found = {r["i"]: r for r in rows}
+    # stage reads of it, and its chunk. A candidate whose document or chunk is gone has no row. ``rows``: what the
+    # search already read (``HYDRATE_COLUMNS``); only candidates it lacks are read here.
+    found = {(r["id"], r["hydrated_chunk_id"]): r for r in rows or ()}
+    missing = [[c.parent_id, c.chunk_id] for c in group if (c.parent_id, c.chunk_id) not in found]
+    if missing:
+        for r in await sql.rows(_HYDRATE, [json.dumps(missing)]):
+            found[(r["id"], r["hydrated_chunk_id"])] = r
     wanted = set(opts.tags)
     hits = []
-    for i, c in enumerate(group):
-        doc = found.get(i)
+    for c in group:
+        doc = found.get((c.parent_id, c.chunk_id))
         if doc is None:
             continue  # deleted between the index lookup and now
         text = doc["chunk_content"]

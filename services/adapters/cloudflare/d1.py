@@ -124,6 +124,10 @@ def _classify(err: CloudflareApiError) -> str | None:
 class D1Database:
     """``SqlDatabase`` over Cloudflare D1's REST API (one request per call: atomic)."""
 
+    #: Each call is an API request, counted against the account's limit: a caller that can send its statements
+    #: together in one ``batch`` rather than one after another should (the search does: services.search.search).
+    round_trips_are_requests = True
+
     def __init__(self, api: CloudflareApi, database_id: str, *, endpoint: str = "raw") -> None:
         if endpoint not in ("raw", "query"):
             raise ValueError("endpoint must be 'raw' or 'query'")
