@@ -8,7 +8,7 @@ cycle) and under ``if TYPE_CHECKING:`` (a type is a dependency too; a Protocol b
     api.composition   the composition root: the only importer of services.adapters (and of the settings'
                       choices of adapter); it imports api.settings, itself and services
     services:
-      kernel          services.errors, ids, models, ports: imports nothing else of ours
+      kernel          services.errors, ids, models, ports, background: imports nothing else of ours
       storage         services.storage: the kernel
       text            services.text: the kernel
       jobs            services.jobs: storage and the kernel
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TOPS = ("api", "tenancy", "services")
 
-KERNEL = {"services", "services.errors", "services.ids", "services.models", "services.ports"}
+KERNEL = {"services", "services.errors", "services.ids", "services.models", "services.ports", "services.background"}
 DOMAINS = ("search", "enrichment", "thoughts", "conversations", "knowledge", "bundle")
 COMPOSITION = "api.composition"
 

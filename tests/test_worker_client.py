@@ -570,6 +570,33 @@ def test_coalesced_ops_share_a_request_and_keep_their_own_results(peer):
     assert client.snapshot()["coalesced_ops"] == 10
 
 
+def test_background_work_coalesces_and_the_request_path_does_not(peer):
+    """The job worker's rounds (``services.background``) share requests between concurrent ops, vector ops included,
+    on a client that does not coalesce the request path's."""
+    from services.background import background
+
+    async def go():
+        async with httpx.AsyncClient() as http:
+            client = client_for(peer, http)  # coalesce off: the request path's setting
+            db = WorkerSqlDatabase(client, "control")
+            await db.executescript("CREATE TABLE k (id TEXT PRIMARY KEY)")
+            before = len(peer.requests)
+            await asyncio.gather(*(db.execute("INSERT INTO k (id) VALUES (?)", (f"a{i}",)) for i in range(3)))
+            assert len(peer.requests) == before + 3  # one request each
+            before = len(peer.requests)
+            with background():
+                rows = await asyncio.gather(*(db.execute("INSERT INTO k (id) VALUES (?)", (f"b{i}",)) for i in range(3)),
+                                            db.execute("SELECT COUNT(*) AS n FROM k"))
+            assert len(peer.requests) == before + 1 and len(peer.requests[-1]["ops"]) == 4
+            assert all(r.changes == 1 for r in rows[:3]) and rows[3].rows[0]["n"] in range(3, 7)
+            before = len(peer.requests)
+            await asyncio.gather(*(db.execute("SELECT 1 AS one") for _ in range(2)))  # outside again: its own requests
+            assert len(peer.requests) == before + 2
+            return client
+
+    assert run(go()).snapshot()["coalesced_ops"] == 4
+
+
 def test_a_worker_with_older_org_migrations_is_refused_before_an_organization_opens(peer):
     from api.composition import worker
     from services.adapters.hash_embedder import HashEmbedder

@@ -7,6 +7,13 @@ embedder's dimensions, the cosine metric and the model recorded, and the metadat
 parent_id) present. ``fix=True`` applies pending migrations, creates a missing index and the missing metadata
 indexes. Read-only otherwise.
 
+With ``MEMEX_BACKEND=worker`` the data path is the data-plane Worker, so that is what is checked, through the
+Worker's own protocol (no Cloudflare REST call): the settings (MEMEX_WORKER_URL, MEMEX_WORKER_SECRET), a signed
+``ping`` (the URL and secret accepted, the protocol, the Worker's version, and the newest org migration it bundles
+against this service's newest ``migrations/org``), the control database's migrations through the Worker
+(``fix=True`` applies the pending ones), Workers AI through the Worker's binding when MEMEX_EMBEDDER=workers-ai,
+and the Vectorize index the Worker binds (``vec.info``: its dimensions against the embedder's).
+
 It lives in the composition root because it does what the root does: reads the settings and builds the
 Cloudflare adapters (the embedder the settings choose included), here to probe them.
 """
@@ -30,9 +37,18 @@ from services.adapters.cloudflare.vectorize import (
     model_description,
     model_from_description,
 )
+from services.adapters.cloudflare.worker_client import (
+    PROTOCOL,
+    WorkerAuthError,
+    WorkerClient,
+    WorkerOpError,
+    WorkerProtocolError,
+    worker_http_client,
+)
+from services.adapters.cloudflare.worker_sql import WorkerSqlDatabase
 from services.errors import MemexError
 from services.ports import Embedder, SqlDatabase
-from services.storage.migrate import CONTROL_DIR, apply_pending, discover
+from services.storage.migrate import CONTROL_DIR, ORG_DIR, apply_pending, discover
 
 __all__ = ["CheckItem", "CheckReport", "check", "run_check"]
 
@@ -95,6 +111,15 @@ async def check(
         if out is not None:
             out(item.line())
         return item
+
+    if getattr(settings, "backend", "direct") == "worker":
+        await _check_worker(settings, report, add, fix=fix, http=http, embedder=embedder,
+                            migrations_dir=migrations_dir)
+        if out is not None:
+            requests = ((report.stats or {}).get("worker") or {}).get("requests", 0)
+            out(f"{'all good' if report.ok else str(len(report.missing)) + ' missing'}; "
+                f"Worker requests this run: {requests}")
+        return report
 
     uses_d1 = "d1" in str(getattr(settings, "sql", ""))
     uses_vec = getattr(settings, "vectors", "") == "vectorize"
@@ -239,6 +264,115 @@ async def check(
             f"API requests this run: {sum((report.stats or {}).get('requests', {}).values())}, "
             f"budget remaining {budget.get('remaining')}/{budget.get('limit')}")
     return report
+
+
+def _migration_number(name: str) -> int:
+    head = name.split("_", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+async def _check_worker(settings: Any, report: CheckReport, add, *, fix: bool, http: Any, embedder: Embedder | None,
+                        migrations_dir: Path) -> None:
+    """The Worker backend: the Worker itself, through its protocol (see the module's docstring)."""
+    from api.composition import worker as worker_root
+
+    url, secret = getattr(settings, "worker_url", None), getattr(settings, "worker_secret", None)
+    absent = [k for k, v in (("MEMEX_WORKER_URL", url), ("MEMEX_WORKER_SECRET", secret)) if not v]
+    for k in absent:
+        add("missing", f"setting {k}", "not set",
+            f"export {k}=...  (the deployed Worker's URL and the secret set with `npx wrangler secret put "
+            "MEMEX_WORKER_SECRET`; `memex cloudflare dev` prints both for a local Worker)")
+    if absent:
+        return
+    index_name = worker_root.index_name(settings)
+    add("ok", "settings", f"Worker {url}, index {index_name}")
+    own_http = http is None
+    if own_http:
+        http = worker_http_client()
+    client = WorkerClient(http, url=url, secret=secret, max_attempts=2)
+    deploy = "cd worker && npx wrangler deploy  (the Worker of this release)"
+    try:
+        # -- the Worker: URL, secret, protocol, version, bundled org schema ---------------------------------------
+        try:
+            answer = await client.ping()
+        except WorkerAuthError as exc:
+            add("missing", "Worker secret", exc.message,
+                "set MEMEX_WORKER_SECRET to the Worker's secret (npx wrangler secret put MEMEX_WORKER_SECRET)")
+            return
+        except WorkerProtocolError as exc:
+            add("missing", "Worker protocol", exc.message, deploy)
+            return
+        except MemexError as exc:
+            add("missing", "Worker", f"{url} unreachable: {exc.message}", "check MEMEX_WORKER_URL, or " + deploy)
+            return
+        version = answer.get("worker_version") or "unknown"
+        if answer.get("protocol") not in (None, PROTOCOL):
+            add("missing", "Worker protocol", f"the Worker speaks {answer.get('protocol')}, this service {PROTOCOL}",
+                deploy)
+        else:
+            add("ok", "Worker", f"{url} answers (protocol {PROTOCOL}, worker version {version})")
+        theirs = str(answer.get("org_schema_version") or "")
+        found = discover(ORG_DIR)
+        ours = found[-1].name if found else ""
+        if _migration_number(theirs) < _migration_number(ours):
+            add("missing", "org schema", f"the Worker bundles org migrations up to {theirs or 'none'}, this service "
+                f"needs {ours}", deploy)
+        elif theirs != ours:
+            add("warn", "org schema", f"the Worker bundles org migrations up to {theirs}, this service knows {ours}",
+                "deploy the service of the Worker's release")
+        else:
+            add("ok", "org schema", f"the Worker bundles {theirs}, as this service")
+
+        # -- the control database (the Worker's D1 binding) --------------------------------------------------------
+        try:
+            await _check_migrations(WorkerSqlDatabase(client, "control"), add, fix=fix, migrations_dir=migrations_dir)
+        except MemexError as exc:
+            add("missing", "control database", f"unreachable through the Worker: {exc.message}",
+                "bind the D1 database as CONTROL_DB in worker/wrangler.toml, then " + deploy)
+
+        # -- Workers AI (through the Worker's AI binding) ----------------------------------------------------------
+        if embedder is None:
+            embedder = worker_root.embedder(client) if getattr(settings, "embedder", "") == "workers-ai" \
+                else embedder_for(settings, None)
+        if getattr(settings, "embedder", "") == "workers-ai":
+            try:
+                vec = await embedder.embed(["memex cloudflare check"])
+                if vec.shape == (1, embedder.dimensions):
+                    add("ok", "Workers AI", f"{embedder.model_id} answers through the Worker with "
+                        f"{embedder.dimensions} dimensions")
+                else:
+                    add("missing", "Workers AI", f"{embedder.model_id} answered shape {vec.shape}")
+            except MemexError as exc:
+                add("missing", "Workers AI", f"{embedder.model_id} through the Worker: {exc.message}",
+                    "bind Workers AI as AI in worker/wrangler.toml, then " + deploy)
+
+        # -- the Vectorize index the Worker binds ------------------------------------------------------------------
+        create_cmd = (f"npx wrangler vectorize create {index_name} --dimensions={embedder.dimensions} --metric=cosine "
+                      f"--description \"{model_description(embedder.model_id, embedder.dimensions)}\", bind it in "
+                      "worker/wrangler.toml, then " + deploy)
+        try:
+            info = await client.run({"op": "vec.info", "index": index_name}, idempotent=True)
+        except WorkerOpError as exc:
+            if exc.op_code == "unknown_index":
+                add("missing", "Vectorize index", f"the Worker binds no index {index_name!r}",
+                    create_cmd + " (or set CLOUDFLARE_VECTORIZE_INDEX to the index it binds)")
+            else:
+                add("missing", "Vectorize index", f"{index_name}: {exc.message}", create_cmd)
+        except MemexError as exc:
+            add("missing", "Vectorize index", f"{index_name}: {exc.message}", None)
+        else:
+            dims = info.get("dimensions")
+            if dims != embedder.dimensions:
+                add("missing", "Vectorize index", f"{index_name}: {dims} dimensions, the embedder "
+                    f"{embedder.model_id} makes {embedder.dimensions}",
+                    f"use a new index ({create_cmd}), point CLOUDFLARE_VECTORIZE_INDEX at it, then memex reindex "
+                    "--org <slug> for every organization")
+            else:
+                add("ok", "Vectorize index", f"{index_name}: {dims} dimensions, {info.get('vector_count', 0)} vectors")
+    finally:
+        report.stats = {"worker": client.snapshot()}
+        if own_http:
+            await http.aclose()
 
 
 async def _check_migrations(db: SqlDatabase, add, *, fix: bool, migrations_dir: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.background import IN_BACKGROUND, background
 from services.errors import InsufficientStorage, NotFound
 from services.ids import now_ms
 from services.ports import Embedder, Statement
@@ -117,7 +118,12 @@ class JobWorker:
     The worker keeps the organizations that have work (``_due``: organization -> the earliest time one of
     its jobs can run): a capture wakes it for its organization, and at start it scans every organization's
     database once (jobs left by a previous run). Each round gives every organization with ready jobs one
-    batch, in turn, so one organization's import never starves another's captures."""
+    batch, in turn, so one organization's import never starves another's captures.
+
+    On stores that say ``concurrent_orgs`` (the Worker backend) a round claims, collects, finishes and confirms the
+    organizations' shares at once, each share still in its own calls and failing alone; the loop runs with
+    ``services.background`` set, so the adapters' concurrent calls share requests (about one Worker request per step
+    of a round rather than one per organization and step)."""
 
     def __init__(
         self,
@@ -149,8 +155,10 @@ class JobWorker:
         self.max_idle_seconds = max_idle_seconds
         #: Vectorize-like indexes apply writes later; only they need confirmation.
         self._async_index = async_index
-        #: Organizations with vectors written but not yet confirmed searchable.
+        #: Organizations with vectors written but not yet confirmed searchable, and how many times each was added
+        #: (a confirmation that ran meanwhile does not forget an organization a round just wrote to).
         self._unconfirmed: set[str] = set()
+        self._written: dict[str, int] = {}
         #: Organization -> earliest epoch ms a job of it may be ready (0: now).
         self._due: dict[str, int] = {}
         #: Wakes per organization (a round only forgets an organization no wake touched while it ran) and the
@@ -164,6 +172,10 @@ class JobWorker:
         self._full: dict[str, tuple[str, list[Job]]] = {}
         self._probe_at = 0.0
         self._probe_wait = 0.5
+        #: Work on several organizations at once (their claims, a stage's collects and finishes, confirmations),
+        #: for stores whose adapters share requests between concurrent calls of a round (the Worker backend:
+        #: ``concurrent_orgs``); elsewhere one organization after the other.
+        self._concurrent = bool(getattr(stores, "concurrent_orgs", False))
         #: The newest work hint seen in the control database (org_databases.work_at, epoch ms).
         self._hints_seen = now_ms()
         #: Organization -> the work hint this process wrote for it last (``own_hint``): not news when read back.
@@ -174,9 +186,13 @@ class JobWorker:
             self._due[org_id] = 0
             self._wakes[org_id] = self._wakes.get(org_id, 0) + 1
             if self._async_index:
-                self._unconfirmed.add(org_id)
+                self._unconfirm(org_id)
         self._probe_at = 0.0  # a write just went through somewhere: try the paused organizations again
         self._wake.set()
+
+    def _unconfirm(self, org_id: str) -> None:
+        self._unconfirmed.add(org_id)
+        self._written[org_id] = self._written.get(org_id, 0) + 1
 
     def start(self) -> None:
         if self._task is None:
@@ -220,6 +236,7 @@ class JobWorker:
         # due, or it is time to look at the work hints other processes leave in the control database (a CLI
         # import, another instance): every poll_seconds, doubling up to max_idle_seconds while nothing comes.
         # Mutation confirmation runs only while this process has written vectors not yet confirmed.
+        IN_BACKGROUND.set(True)  # this task's own context: its calls (and its tasks') are background work
         if not self._scanned:
             try:
                 await self.scan()
@@ -236,10 +253,21 @@ class JobWorker:
                     found = await self.read_hints()
                     poll = self.poll_seconds if found else min(self.max_idle_seconds, poll * 2)
                     next_hints = time.monotonic() + poll
-                did = await self.run_once()
-                if self._unconfirmed and time.monotonic() - self._last_confirm >= 1.0:
+                confirm = bool(self._unconfirmed) and time.monotonic() - self._last_confirm >= 1.0
+                if confirm:
                     self._last_confirm = time.monotonic()
-                    await self.confirm_mutations()
+                if confirm and self._concurrent:  # alongside the round: their requests shared
+                    ran, confirmed = await asyncio.gather(self.run_once(), self.confirm_mutations(),
+                                                          return_exceptions=True)
+                    if isinstance(ran, BaseException):
+                        raise ran
+                    if isinstance(confirmed, BaseException):
+                        raise confirmed
+                    did = ran
+                else:
+                    did = await self.run_once()
+                    if confirm:
+                        await self.confirm_mutations()
             except Exception:  # the loop must survive a bad batch; the jobs stay leased and retry later
                 log.exception("job batch failed")
             if did or self._stopping:
@@ -351,19 +379,36 @@ class JobWorker:
             ran = 0
             staged: dict[str, dict[str, list[Job]]] = {}  # kind -> organization -> its jobs of that kind
             claimed: dict[str, tuple[int, int]] = {}  # organization -> (jobs claimed, wakes before the claim)
+            early: dict[str, tuple[int, Any]] = {}  # claimed at once (concurrent_orgs): wakes before, jobs or error
+            targets = [org_id for _, org_id in ready if org_id not in self._full]
+            if self._concurrent and len(targets) > 1 and not self._stopping:
+                before = {org_id: self._wakes.get(org_id, 0) for org_id in targets}
+                claims = await asyncio.gather(*(self.claim(org_id) for org_id in targets), return_exceptions=True)
+                early = {org_id: (before[org_id], g) for org_id, g in zip(targets, claims, strict=True)}
             for _, org_id in ready:
                 if self._stopping:
                     break
                 if org_id in self._full:
                     continue  # waits for space; the others go on
-                wakes = self._wakes.get(org_id, 0)
+                wakes = early[org_id][0] if org_id in early else self._wakes.get(org_id, 0)
                 try:
-                    jobs = await self.claim(org_id)
+                    if org_id in early:
+                        if isinstance(early[org_id][1], BaseException):
+                            raise early[org_id][1]
+                        jobs = early[org_id][1]
+                    else:
+                        jobs = await self.claim(org_id)
                 except NotFound:  # the organization was deleted
                     self._due.pop(org_id, None)
                     continue
                 except InsufficientStorage as exc:
                     self._pause(org_id, exc, [])
+                    continue
+                except Exception:
+                    if org_id not in early:
+                        raise
+                    # claimed together with others: theirs go on, this organization is tried again next round
+                    log.warning("claiming the jobs of %s failed", org_id, exc_info=True)
                     continue
                 single = [j for j in jobs if j.kind not in self.stages]
                 for job in jobs:
@@ -384,7 +429,7 @@ class JobWorker:
                 if org_id in self._full:
                     continue
                 if self._async_index and count:
-                    self._unconfirmed.add(org_id)
+                    self._unconfirm(org_id)
                 if org_id in released:
                     self._due[org_id] = 0  # a stage left work for the next round
                 elif count < self.batch and self._wakes.get(org_id, 0) == wakes:
@@ -420,10 +465,26 @@ class JobWorker:
         stage = self.stages[kind]
         shares: list[tuple[str, Any, Collected]] = []
         room = ROUND_TEXTS
-        for org_id, jobs in parts:
+
+        async def collect(org_id: str, jobs: list[Job], capacity: int) -> tuple[Any, Collected]:
+            store = await self.stores.open(org_id)
+            return store, await stage.collect(store.sql, jobs, capacity)
+
+        # concurrent_orgs: every share collected at once with the room a share may have at most; a share that
+        # collected more texts than its turn leaves room for is collected again with that room (collecting reads)
+        early: list[Any] = [None] * len(parts)
+        if self._concurrent and len(parts) > 1:
+            early = list(await asyncio.gather(*(collect(org_id, jobs, min(ORG_TEXTS, room)) for org_id, jobs in parts),
+                                              return_exceptions=True))
+        for (org_id, jobs), pre in zip(parts, early, strict=True):
+            capacity = max(0, min(ORG_TEXTS, room))
             try:
-                store = await self.stores.open(org_id)
-                collected = await stage.collect(store.sql, jobs, max(0, min(ORG_TEXTS, room)))
+                if isinstance(pre, BaseException):
+                    raise pre
+                if pre is not None and len(pre[1].texts) <= capacity:
+                    store, collected = pre
+                else:
+                    store, collected = await collect(org_id, jobs, capacity)
             except InsufficientStorage as exc:
                 self._pause(org_id, exc, jobs)
                 continue
@@ -440,21 +501,31 @@ class JobWorker:
                 await self._fail_all(org_id, c.done + c.later, exc)
             return 0, set()
         done, later, at = (1 if texts else 0), set(), 0  # embedding texts is progress, even with no job done yet
-        for org_id, store, collected in shares:
-            mine = values[at:at + len(collected.texts)]
-            at += len(collected.texts)
+
+        async def finish(org_id: str, store: Any, collected: Collected, mine: np.ndarray) -> int:
             try:
                 await stage.finish(store.sql, store.vectors, collected, mine)
             except InsufficientStorage as exc:
                 self._pause(org_id, exc, collected.done + collected.later)
-                continue
+                return 0
             except Exception as exc:
                 await self._fail_all(org_id, collected.done + collected.later, exc)
-                continue
+                return 0
             self.processed += len(collected.done)
-            done += len(collected.done)
             if collected.later:
                 later.add(org_id)
+            return len(collected.done)
+
+        calls: list[tuple[str, Any, Collected, np.ndarray]] = []
+        for org_id, store, collected in shares:
+            mine = values[at:at + len(collected.texts)]
+            at += len(collected.texts)
+            calls.append((org_id, store, collected, mine))
+        if self._concurrent and len(calls) > 1:  # every share's writes at once (their requests shared)
+            done += sum(await asyncio.gather(*(finish(*call) for call in calls)))
+        else:
+            for call in calls:
+                done += await finish(*call)
         return done, later
 
     async def _fail_all(self, org_id: str, jobs: list[Job], exc: BaseException) -> None:
@@ -514,40 +585,55 @@ class JobWorker:
     async def confirm_mutations(self) -> int:
         """Mark chunks searchable whose vector mutation the index has applied. Mutations apply in order, so
         the newest applied one confirms every older one. Returns how many chunks were confirmed."""
+        orgs = list(self._unconfirmed)
+        if self._concurrent and len(orgs) > 1:  # every organization at once: their reads, index look and updates shared
+            got = await asyncio.gather(*(self._confirm(org_id) for org_id in orgs), return_exceptions=True)
+            for org_id, g in zip(orgs, got, strict=True):
+                if isinstance(g, BaseException):
+                    log.warning("confirming the vector writes of %s failed: %s", org_id, g)
+            return sum(g for g in got if isinstance(g, int))
         total = 0
-        for org_id in list(self._unconfirmed):
-            try:
-                store = await self.stores.open(org_id)
-            except NotFound:
-                self._unconfirmed.discard(org_id)
-                continue
-            index = store.index
-            if not index.applies_writes_later:  # every write was searchable on return
-                self._unconfirmed.discard(org_id)
-                continue
-            sql = store.sql
-            rows = await sql.rows(
-                "SELECT vector_mutation AS m, MAX(indexed_at) AS at FROM chunks WHERE organization_id = ?1 "
-                "AND vector_mutation IS NOT NULL GROUP BY vector_mutation ORDER BY at"
-            )
-            if not rows:
-                self._unconfirmed.discard(org_id)
-            for i in range(len(rows) - 1, -1, -1):
-                if await index.searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
-                    done = [r["m"] for r in rows[: i + 1]]
-                    res = await sql.execute(
-                        "UPDATE chunks SET vector_mutation = NULL WHERE organization_id = ?1 "
-                        "AND vector_mutation IN (SELECT value FROM json_each(?2))",
-                        [json.dumps(done)],
-                    )
-                    if i == len(rows) - 1:
-                        self._unconfirmed.discard(org_id)  # every mutation this table knows of is applied
-                    total += res.changes
-                    break
+        for org_id in orgs:
+            total += await self._confirm(org_id)
         return total
+
+    async def _confirm(self, org_id: str) -> int:
+        written = self._written.get(org_id, 0)
+        try:
+            store = await self.stores.open(org_id)
+        except NotFound:
+            self._unconfirmed.discard(org_id)
+            return 0
+        index = store.index
+        if not index.applies_writes_later:  # every write was searchable on return
+            self._unconfirmed.discard(org_id)
+            return 0
+        sql = store.sql
+        rows = await sql.rows(
+            "SELECT vector_mutation AS m, MAX(indexed_at) AS at FROM chunks WHERE organization_id = ?1 "
+            "AND vector_mutation IS NOT NULL GROUP BY vector_mutation ORDER BY at"
+        )
+        if not rows and self._written.get(org_id, 0) == written:
+            self._unconfirmed.discard(org_id)
+        for i in range(len(rows) - 1, -1, -1):
+            if await index.searchable(rows[i]["m"], issued_at=rows[i]["at"] / 1000):
+                done = [r["m"] for r in rows[: i + 1]]
+                res = await sql.execute(
+                    "UPDATE chunks SET vector_mutation = NULL WHERE organization_id = ?1 "
+                    "AND vector_mutation IN (SELECT value FROM json_each(?2))",
+                    [json.dumps(done)],
+                )
+                if i == len(rows) - 1 and self._written.get(org_id, 0) == written:
+                    self._unconfirmed.discard(org_id)  # every mutation this table knows of is applied
+                return res.changes
+        return 0
 
     async def drain(self, timeout: float = 60.0) -> None:
         """Run until no job is ready and every vector written is searchable (tests and CLI one-shots)."""
+        with background():
+            await self._drain(timeout)
+
+    async def _drain(self, timeout: float) -> None:
         if not self._scanned:
             await self.scan()
         deadline = time.monotonic() + timeout

@@ -36,6 +36,9 @@ def location_of(org_id: str) -> str:
 
 class WorkerOrgStores(_BaseStores):
     backend = "worker"
+    #: The job worker works on a round's organizations at once: their calls share the Worker's requests (the client
+    #: coalesces background work's ops), so a round costs about one request per step, not one per organization.
+    concurrent_orgs = True
 
     def __init__(self, control: SqlDatabase, *, open_database: Callable[[str], SqlDatabase],
                  open_index: Callable[[str], VectorIndex], index_name: str,

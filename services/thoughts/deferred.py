@@ -124,7 +124,9 @@ async def _prefetch(decisions: Decisions, docs: list[dict], closes: list, vector
     also: set[str] = {pid for found in pending.values() for pid, _ in found}
     for a in asks:  # the round's other thoughts near enough to be candidates (their vectors are in hand)
         also |= {d["id"] for d in docs if d["id"] != a and float(np.dot(vectors[a], vectors[d["id"]])) >= CANDIDATE_MIN}
-    return await decisions.prefetch([(a, vectors[a]) for a in asks], also, pending, in_hand)
+    # an index whose concurrent queries share requests (the Worker's) takes the round's queries all at once
+    concurrency = int(getattr(getattr(decisions.vectors, "index", None), "query_concurrency", 4))
+    return await decisions.prefetch([(a, vectors[a]) for a in asks], also, pending, in_hand, concurrency=concurrency)
 
 
 async def _apply(sql: OrgSql, vectors: OrgVectors, embedder: Embedder, doc: dict, plan: Plan,

@@ -43,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from services.background import IN_BACKGROUND
 from services.errors import BackendError, InvalidInput, PayloadTooLarge
 
 from .client import D1_NOT_RUN, D1_NOT_TRANSIENT, D1_TRANSIENT, _retry_after
@@ -216,7 +217,8 @@ class WorkerClient:
         self.failures = 0
         self.by_status: Counter[int] = Counter()
         #: Coalescing (``run``): single ops submitted in the same event-loop turn share one request (non-atomic,
-        #: each op its own transaction, as in any request), up to ``coalesce_bytes`` of ops and MAX_OPS.
+        #: each op its own transaction, as in any request), up to ``coalesce_bytes`` of ops and MAX_OPS. Off, ops
+        #: of background work (the job worker's rounds: ``services.background``) coalesce all the same.
         self.coalesce = coalesce
         self.coalesce_bytes = coalesce_bytes
         self.coalesced = 0  # ops that shared a request with another caller's
@@ -371,10 +373,11 @@ class WorkerClient:
 
     async def run(self, op: Mapping[str, Any], *, idempotent: bool) -> dict:
         """One op; its result (``ok``), or its ``WorkerOpError``. With ``coalesce``, the op may share its request with
-        other callers' ops of the same event-loop turn; an op failure that one request of its own would retry (a
-        store reset, "overloaded") is then sent again alone."""
+        other callers' ops of the same event-loop turn (and so may the op of background work, whatever ``coalesce``
+        says); an op failure that one request of its own would retry (a store reset, "overloaded") is then sent again
+        alone."""
         name = str(op.get("op"))
-        if not self.coalesce:
+        if not (self.coalesce or IN_BACKGROUND.get()):
             (result,) = await self.send([op], idempotent=idempotent)
             return self.raise_for(name, result)
         encoded = _dumps(op)

@@ -9,6 +9,8 @@
 * ``query`` plans like the REST adapter: ``top_k`` <= 100; above 20 with metadata it asks for ``"indexed"``
   metadata and fetches, with ``vec.get``, only the matches whose indexed strings may have been cut at 64 bytes.
   ``get_by_ids`` sends its ids 100 per op, every op in one request.
+* A call of one op goes through ``WorkerClient.run``: in the job worker's rounds (``services.background``) it shares
+  a request with the round's other ops (the decisions' queries of a round: ``query_concurrency`` at once).
 * The index's dimensions are checked once, on first use, against the embedder's (``EmbeddingModelMismatch``); the
   Worker does not expose the index's description, so the model recorded there is not checked on this path
   (``memex cloudflare check`` reads it over the REST API, which remains for setup).
@@ -57,6 +59,9 @@ class WorkerVectorIndex:
     """One Vectorize index reached through the Worker (cosine; namespace = organization)."""
 
     applies_writes_later = True
+    #: Queries a round of the job worker may have in flight at once (services.thoughts.deferred): the client
+    #: coalesces a background round's concurrent ops, so they share requests.
+    query_concurrency = 32
 
     def __init__(self, client: WorkerClient, name: str, *, dimensions: int, model: str, info_max_age: float = 1.0,
                  settle_seconds: float = 30.0) -> None:
@@ -81,19 +86,21 @@ class WorkerVectorIndex:
 
     async def _send(self, ops: list[dict[str, Any]], *, idempotent: bool = True) -> list[dict]:
         out: list[dict] = []
-        for start in range(0, len(ops), OPS_PER_REQUEST):
-            group = ops[start:start + OPS_PER_REQUEST]
-            results = await self.client.send(group, idempotent=idempotent)
-            for i, (op, res) in enumerate(zip(group, results, strict=True)):
-                try:
+        try:
+            if len(ops) == 1:  # one op: ``run`` (it may share a request with other ops of a background round)
+                return [await self.client.run(ops[0], idempotent=idempotent)]
+            for start in range(0, len(ops), OPS_PER_REQUEST):
+                group = ops[start:start + OPS_PER_REQUEST]
+                results = await self.client.send(group, idempotent=idempotent)
+                for i, (op, res) in enumerate(zip(group, results, strict=True)):
                     out.append(self.client.raise_for(op["op"], res, start + i))
-                except WorkerOpError as err:
-                    if err.op_code == "unknown_index":
-                        raise BackendError(
-                            f"the Worker has no Vectorize binding for the index {self.name!r}: bind it in wrangler.toml "
-                            "(or set CLOUDFLARE_VECTORIZE_INDEX to the index the Worker binds)",
-                            details={"index": self.name}) from err
-                    raise
+        except WorkerOpError as err:
+            if err.op_code == "unknown_index":
+                raise BackendError(
+                    f"the Worker has no Vectorize binding for the index {self.name!r}: bind it in wrangler.toml "
+                    "(or set CLOUDFLARE_VECTORIZE_INDEX to the index the Worker binds)",
+                    details={"index": self.name}) from err
+            raise
         return out
 
     def _record(self, mutation_id: str | None) -> None:
