@@ -52,7 +52,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -60,10 +59,10 @@ from urllib.parse import quote
 import numpy as np
 
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
-from services.ports import Vector, VectorIndexInfo, VectorMatch, wait_searchable
+from services.ports import Vector, VectorIndexInfo, VectorMatch
 
 from .client import CloudflareApi, CloudflareNotFound
-from .mutations import MutationLog
+from .mutations import AsyncWrites
 
 __all__ = [
     "VectorizeIndex",
@@ -158,7 +157,7 @@ def _unit_rows(values: Sequence[Any], dims: int) -> np.ndarray:
     return (mat / norms[:, None]).astype(np.float32)
 
 
-class VectorizeIndex:
+class VectorizeIndex(AsyncWrites):
     """``VectorIndex`` over one Vectorize v2 index (cosine; namespace = organization).
 
     Writes apply later (``applies_writes_later``; ``searchable`` tells when). Vectorize cannot list one
@@ -189,17 +188,12 @@ class VectorizeIndex:
         self.dimensions = dimensions
         self.model = model
         self.wide_metadata = wide_metadata
-        self.info_max_age = info_max_age
-        self.settle_seconds = settle_seconds
+        self._init_writes(info_max_age=info_max_age, settle_seconds=settle_seconds)
         self._base = f"vectorize/v2/indexes/{quote(name, safe='')}"
         self._described: dict[str, Any] | None = None
         self.recorded_model: str | None = None
         self._verified = False
         self._describe_lock = asyncio.Lock()
-        self._info_lock = asyncio.Lock()
-        self._info_cache: tuple[float, VectorIndexInfo] | None = None
-        self.mutations = MutationLog()
-        self.last_mutation: str | None = None
 
     # -- the index itself ----------------------------------------------------------------------------
 
@@ -310,11 +304,6 @@ class VectorizeIndex:
         return report
 
     # -- writes --------------------------------------------------------------------------------------
-
-    def _record(self, mutation_id: str) -> None:
-        self.mutations.record(mutation_id)
-        self.last_mutation = mutation_id
-        self._info_cache = None
 
     async def upsert(self, vectors: Sequence[Vector]) -> str | None:
         """Insert or replace whole vectors; returns the last mutation id (writes apply asynchronously)."""
@@ -466,49 +455,18 @@ class VectorizeIndex:
         """``/info``: dimensions, vector count, processedUpToMutation; the model recorded in the description."""
         res = await self.api.call("vectorize", "GET", f"{self._base}/info", idempotent=True) or {}
         processed = res.get("processedUpToMutation")
-        self.mutations.observe(processed)
         if self._described is None:
             try:
                 await self.describe()
             except BackendError:
                 pass
         model = model_from_description((self._described or {}).get("description"))
-        info = VectorIndexInfo(
+        return self._fresh(VectorIndexInfo(
             dimensions=int(res.get("dimensions") or self.dimensions),
             vector_count=int(res.get("vectorCount") or 0),
             model=model,
             processed_up_to_mutation=processed,
-        )
-        self._info_cache = (time.monotonic(), info)
-        return info
-
-    async def _fresh_info(self) -> VectorIndexInfo:
-        cached = self._info_cache
-        if cached is not None and time.monotonic() - cached[0] <= self.info_max_age:
-            return cached[1]
-        async with self._info_lock:  # concurrent callers share one request
-            cached = self._info_cache
-            if cached is not None and time.monotonic() - cached[0] <= self.info_max_age:
-                return cached[1]
-            return await self.info()
-
-    # -- asynchronous writes -------------------------------------------------------------------------
-
-    async def searchable(self, mutation_id: str | None, *, issued_at: float | None = None) -> bool:
-        """Whether Vectorize has applied ``mutation_id`` (and so every earlier write of this process)."""
-        if not mutation_id:
-            return True
-        seq = self.mutations.seq(mutation_id)
-        if seq is not None and seq <= self.mutations.done_seq:
-            return True
-        info = await self._fresh_info()
-        return self.mutations.passed(
-            mutation_id, info.processed_up_to_mutation, issued_at=issued_at, settle=self.settle_seconds
-        )
-
-    async def wait_for(self, mutation_id: str | None, timeout: float = 30.0, *, issued_at: float | None = None) -> bool:
-        """Poll ``/info`` until ``mutation_id`` is applied; False when ``timeout`` seconds pass first."""
-        return await wait_searchable(self, mutation_id, timeout, issued_at=issued_at)
+        ))
 
     async def ids_in_namespace(self, namespace: str) -> None:
         """None: Vectorize cannot list the ids of one namespace (``list_ids`` pages through the whole index)."""

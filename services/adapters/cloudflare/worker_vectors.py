@@ -18,18 +18,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from services.errors import BackendError, EmbeddingModelMismatch, InvalidInput
-from services.ports import Vector, VectorIndexInfo, VectorMatch, wait_searchable
+from services.ports import Vector, VectorIndexInfo, VectorMatch
 
-from .mutations import MutationLog
+from .mutations import AsyncWrites
 from .vectorize import (
     MAX_ID_BYTES,
     MAX_METADATA_BYTES,
@@ -55,7 +53,7 @@ def _values(rows: np.ndarray) -> list[list[float]]:
     return np.round(rows.astype(np.float64), 8).tolist()
 
 
-class WorkerVectorIndex:
+class WorkerVectorIndex(AsyncWrites):
     """One Vectorize index reached through the Worker (cosine; namespace = organization)."""
 
     applies_writes_later = True
@@ -71,13 +69,8 @@ class WorkerVectorIndex:
         self.name = name
         self.dimensions = dimensions
         self.model = model
-        self.info_max_age = info_max_age
-        self.settle_seconds = settle_seconds
-        self.mutations = MutationLog()
-        self.last_mutation: str | None = None
+        self._init_writes(info_max_age=info_max_age, settle_seconds=settle_seconds)
         self._verified = False
-        self._info_lock = asyncio.Lock()
-        self._info_cache: tuple[float, VectorIndexInfo] | None = None
 
     def __repr__(self) -> str:
         return f"WorkerVectorIndex({self.name!r})"
@@ -102,12 +95,6 @@ class WorkerVectorIndex:
                     details={"index": self.name}) from err
             raise
         return out
-
-    def _record(self, mutation_id: str | None) -> None:
-        if mutation_id:
-            self.mutations.record(mutation_id)
-            self.last_mutation = mutation_id
-            self._info_cache = None
 
     async def verify(self) -> None:
         """Refuse an index of other dimensions than the embedder's (once per process)."""
@@ -238,36 +225,9 @@ class WorkerVectorIndex:
 
     async def info(self) -> VectorIndexInfo:
         (res,) = await self._send([{"op": "vec.info", "index": self.name}])
-        processed = res.get("processed_up_to_mutation")
-        self.mutations.observe(processed)
-        info = VectorIndexInfo(dimensions=int(res.get("dimensions") or self.dimensions),
-                               vector_count=int(res.get("vector_count") or 0), model=None,
-                               processed_up_to_mutation=processed)
-        self._info_cache = (time.monotonic(), info)
-        return info
-
-    async def _fresh_info(self) -> VectorIndexInfo:
-        cached = self._info_cache
-        if cached is not None and time.monotonic() - cached[0] <= self.info_max_age:
-            return cached[1]
-        async with self._info_lock:  # concurrent callers share one request
-            cached = self._info_cache
-            if cached is not None and time.monotonic() - cached[0] <= self.info_max_age:
-                return cached[1]
-            return await self.info()
-
-    async def searchable(self, mutation_id: str | None, *, issued_at: float | None = None) -> bool:
-        if not mutation_id:
-            return True
-        seq = self.mutations.seq(mutation_id)
-        if seq is not None and seq <= self.mutations.done_seq:
-            return True
-        info = await self._fresh_info()
-        return self.mutations.passed(mutation_id, info.processed_up_to_mutation, issued_at=issued_at,
-                                     settle=self.settle_seconds)
-
-    async def wait_for(self, mutation_id: str | None, timeout: float = 30.0, *, issued_at: float | None = None) -> bool:
-        return await wait_searchable(self, mutation_id, timeout, issued_at=issued_at)
+        return self._fresh(VectorIndexInfo(dimensions=int(res.get("dimensions") or self.dimensions),
+                                           vector_count=int(res.get("vector_count") or 0), model=None,
+                                           processed_up_to_mutation=res.get("processed_up_to_mutation")))
 
     async def ids_in_namespace(self, namespace: str) -> None:
         """None: Vectorize cannot list one namespace."""
