@@ -36,6 +36,14 @@ from tests.mcp_client import mcp_session
 async def second_instance_db(live: Live, org_id: str):
     """Another service instance's handle on the organization's database (a fresh connection or D1 client)."""
     location = live.org_location(org_id)
+    if live.backend == "worker":
+        from services.adapters.cloudflare.worker_client import WorkerClient, worker_http_client
+        from services.adapters.cloudflare.worker_sql import WorkerSqlDatabase
+
+        stack = live.stack  # type: ignore[attr-defined]  # tests.worker_live.WorkerLive
+        async with worker_http_client() as http:
+            yield WorkerSqlDatabase(WorkerClient(http, url=stack.url, secret=stack.secret), location)
+        return
     if live.backend == "cloudflare":
         from api.composition.cloudflare import api_for, shared_client
         from services.adapters.cloudflare import D1Database
@@ -125,6 +133,9 @@ def _chunks(live: Live, cid) -> list[tuple]:
 def _vectors(live: Live, org_id: str) -> dict[str, tuple[list[float], dict]]:
     """Local chunk id -> (values, metadata) of the organization's vectors, read from the index itself."""
     prefix = f"{org_id}:"
+    if live.backend == "worker":
+        return {v["id"][len(prefix):]: ([round(x, 6) for x in v["values"]], v.get("metadata") or {})
+                for v in live.vector_records(prefix)}  # type: ignore[attr-defined]  # tests.worker_live.WorkerLive
     if live.backend == "cloudflare":
         live.emulator.flush_vectors()
         ids = live.vector_ids(prefix)
@@ -349,6 +360,16 @@ def test_invalid_unicode_is_refused(hlive, a, http):
 
 
 def _insert_legacy(live: Live, org_id: str, cid: str, texts: list[str]) -> None:
+    if live.backend == "worker":  # no file: the same rows, written through the Worker in one transaction
+        base = live.sql("SELECT last_sequence FROM conversations WHERE organization_id = ? AND id = ?", (org_id, cid),
+                        org=org_id)[0][0]
+        live.write(org_id, [  # type: ignore[attr-defined]  # tests.worker_live.WorkerLive
+            *[("INSERT INTO messages (organization_id, id, conversation_id, sequence, role, content, content_encoding, "
+               "metadata, created_at) VALUES (?, ?, ?, ?, 'user', ?, NULL, '{}', 1)",
+               (org_id, f"legacy{cid[:8]}{base + i:04d}", cid, base + i, t)) for i, t in enumerate(texts, start=1)],
+            ("UPDATE conversations SET last_sequence = last_sequence + ?, message_count = message_count + ? "
+             "WHERE organization_id = ? AND id = ?", (len(texts), len(texts), org_id, cid))])
+        return
     with sqlite3.connect(live.org_db_paths()[org_id]) as conn:
         base = conn.execute("SELECT last_sequence FROM conversations WHERE organization_id = ? AND id = ?",
                             (org_id, cid)).fetchone()[0]

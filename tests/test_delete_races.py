@@ -14,7 +14,6 @@ until the test releases it. No sleeps, no timing: every wait is for a condition.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -237,5 +236,4 @@ def test_delete_while_an_enrich_job_is_mid_way(hlive, when):
 
 def _last_job_id(live, org) -> int:
     """The last job id handed out in the organization's own database (its jobs live there)."""
-    with sqlite3.connect(live.org_db_paths()[org.id]) as conn:
-        return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'").fetchone()[0]
+    return live.sql("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'", org=org.id)[0][0]

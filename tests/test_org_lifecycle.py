@@ -257,9 +257,14 @@ def test_round_trip_export_import_export_then_delete(olive, http):
     assert http.get(f"/v1/thoughts/{seeded['porto']}/history", headers=c.headers).json()["entries"][0]["content"] == LISBON
 
     # delete A: 204; its key stops at once; its database, folder, vectors and control rows are gone
-    paths = olive.org_db_paths()
-    db_path = paths[a.id]
-    assert db_path.exists() and olive.vectors(f"{a.id}:")
+    org_tables = ("documents", "chunks", "chunks_fts", "conversations", "messages", "thought_history")
+    if olive.backend == "worker":  # the organization's Durable Object (no file): it holds A's rows
+        assert olive.org_location(a.id) == f"org:{a.id}"
+        assert all(olive.sql(f"SELECT COUNT(*) FROM {t}", org=a.id)[0][0] for t in org_tables)
+    else:
+        db_path = olive.org_db_paths()[a.id]
+        assert db_path.exists()
+    assert olive.vectors(f"{a.id}:")
     assert_error(http.delete("/v1/org", headers=a.headers), 400)  # confirm is required
     assert_error(http.delete("/v1/org", params={"confirm": c.slug}, headers=a.headers), 400, "invalid_input")
     assert http.get("/v1/org", headers=a.headers).status_code == 200
@@ -267,14 +272,18 @@ def test_round_trip_export_import_export_then_delete(olive, http):
     assert r.status_code == 204, r.text
     assert_error(http.get("/v1/thoughts", headers=a.headers), 401, "unauthenticated")
     assert_error(http.get("/v1/org/export", headers=a.headers), 401)
-    assert not db_path.exists()
+    if olive.backend == "worker":  # the Durable Object is emptied (an object cannot be deleted, only emptied)
+        assert [olive.sql(f"SELECT COUNT(*) FROM {t}", org=a.id)[0][0] for t in org_tables] == [0] * len(org_tables)
+    else:
+        assert not db_path.exists()
     if olive.backend == "embedded":
         assert not db_path.parent.exists()
     assert olive.vectors(f"{a.id}:") == []
     for table in ("api_keys", "memberships", "service_tokens", "llm_usage", "org_databases"):
         assert olive.sql(f"SELECT COUNT(*) FROM {table} WHERE organization_id = ?", (a.id,)) == [(0,)], table
     assert olive.sql("SELECT COUNT(*) FROM organizations WHERE id = ?", (a.id,)) == [(0,)]
-    assert a.id not in olive.org_db_paths()
+    if olive.backend != "worker":  # (the Worker's route is the org_databases row, checked above)
+        assert a.id not in olive.org_db_paths()
     # C is untouched
     assert http.get(f"/v1/thoughts/{seeded['porto']}", headers=c.headers).status_code == 200
     assert len(records(export(http, c))) == len(records(bundle_c))

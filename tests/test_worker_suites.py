@@ -1,22 +1,24 @@
-"""The cross-tenant suite (tests/test_cross_tenant.py), the thoughts API suite (tests/test_thoughts_api.py) and the
-tenancy suite (tests/test_tenancy_api.py) once more, on the Worker backend: the same test functions, imported here,
-run against ``memex cloudflare dev``'s stack (``wrangler dev --local``: D1 and a SQLite Durable Object per
-organization) with the service on ``MEMEX_BACKEND=worker`` and the local MiniLM embedder (as the suites expect; its
-384-dimensional vectors in an index of their own). Left out: the tests that name a backend's own settings or
-fixtures (health's sql/vectors, the CLI run, the rate-limit fixture). The fixtures ``live`` and ``kbt`` are this
-module's: ``WorkerLive`` reads the stores through the Worker's protocol (an independent look at what the service
-stored: the control database, each organization's Durable Object) and the vectors from the emulator's Vectorize.
+"""The cross-tenant suite (tests/test_cross_tenant.py), the thoughts API suite (tests/test_thoughts_api.py), the
+tenancy suite (tests/test_tenancy_api.py), the conversations suite (tests/test_conversations.py, its integration
+tests), the organization lifecycle suite (tests/test_org_lifecycle.py: export, import, delete over HTTP), the
+isolation test (tests/test_isolation.py) and the bulk import suite (tests/test_bulk_import.py, over HTTP) once more,
+on the Worker backend: the same test functions, imported here, run against ``memex cloudflare dev``'s stack
+(``wrangler dev --local``: D1 and a SQLite Durable Object per organization; one stack for the module) with the service
+on ``MEMEX_BACKEND=worker``: ``live`` with the local MiniLM embedder (as the suites expect; its 384-dimensional
+vectors in an index of their own), ``hlive`` with the hash embedder (plumbing without the model's cost, in another).
+Left out: the tests that name a backend's own settings or fixtures (health's sql/vectors, the CLI runs on a data
+directory, the rate-limit fixture) and the unit tests. The servers are tests/worker_live.py's ``WorkerLive``: it
+reads the stores through the Worker's protocol (an independent look at what the service stored: the control database,
+each organization's Durable Object) and the vectors from the emulator's Vectorize; where a suite opened a database
+file (a second instance's handle, legacy rows written by hand, a file's digest) it goes through the Worker instead.
 Skipped, with the reason, when Node or worker/node_modules is missing."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,9 +27,7 @@ if shutil.which("node") is None or shutil.which("npm") is None:
 if not (ROOT / "worker" / "node_modules" / ".bin" / "wrangler").exists():
     pytest.skip("the Worker's npm packages are not installed: run `npm ci --prefix worker`", allow_module_level=True)
 
-from api.cloudflare_dev_cli import _provision_index, start_dev  # noqa: E402
-from services.adapters.cloudflare.worker_client import WorkerClient, decode_value  # noqa: E402
-from tests.conftest import _CONTROL_TABLES, Live, signup, start_live  # noqa: E402
+from tests.conftest import signup  # noqa: E402
 from tests.kb_published import create_kb, git_vault, wait_synced  # noqa: E402
 from tests.test_cross_tenant import (  # noqa: E402,F401  (the suite, collected here on the Worker backend)
     KB_BRANCH,
@@ -51,6 +51,69 @@ from tests.test_tenancy_api import (  # noqa: E402,F401
     test_slug_is_unique,
     test_slug_rules,
 )
+from tests.test_bulk_import import (  # noqa: E402,F401
+    test_a_batch_answers_each_item_as_a_single_capture_would,
+    test_a_batch_is_the_callers_organizations_alone,
+)
+from tests.test_conversations import (  # noqa: E402,F401
+    a,
+    b,
+    http,
+    test_backfill_cli_loop_shows_progress,
+    test_backfill_is_resumable_and_changes_no_content,
+    test_backfill_needs_admin,
+    test_bad_input_is_4xx_with_the_error_body_and_changes_nothing,
+    test_compression_round_trip_over_http,
+    test_concurrent_appends_get_contiguous_sequences,
+    test_concurrent_retries_with_one_key_append_once,
+    test_create_get_list_and_pages,
+    test_created_at_round_trip_and_from_to_filters,
+    test_a_relative_date_in_the_query_favours_messages_of_that_range,
+    test_bad_times_are_4xx_and_append_nothing,
+    test_delete_right_after_append_leaves_no_vector,
+    test_idempotency_key_replays_the_original_response,
+    test_invalid_unicode_is_refused,
+    test_legacy_rows_are_readable_and_searchable,
+    test_mcp_conversation_tools,
+    test_openapi_lists_the_conversation_operations,
+    test_rechunking_touches_only_the_tail,
+    test_rest_other_orgs_conversation_is_404_everywhere,
+    test_retried_append_with_client_ids_is_a_no_op,
+    test_search_lists_the_best_message_first_with_its_id_and_window,
+    test_search_returns_windows_with_messages_and_best_sequence,
+    test_semantic_search_pinpoints_a_paraphrased_fact,
+    test_top_results_are_not_ten_neighbours_of_one_hit,
+    test_turns_and_times_of_another_org_are_invisible,
+    test_two_instances_appending_to_one_conversation_never_collide,
+)
+from tests.test_conversations import (  # noqa: E402,F401
+    test_delete_leaves_nothing_behind as test_conversation_delete_leaves_nothing_behind,
+)
+from tests.test_delete_races import (  # noqa: E402,F401
+    test_delete_cancels_every_queued_job_of_its_parent,
+    test_delete_while_an_enrich_job_is_mid_way,
+    test_delete_while_the_worker_holds_embedded_vectors,
+    test_worker_upserts_between_the_deletes_vector_and_row_writes,
+)
+from tests.test_isolation import test_nothing_b_does_moves_a_scores_explain_ids_or_files  # noqa: E402,F401
+from tests.test_org_lifecycle import (  # noqa: E402
+    test_malformed_bundles_are_refused_and_leave_the_organization_empty as _malformed_bundles,
+)
+from tests.test_org_lifecycle import (  # noqa: E402,F401
+    olive,
+    test_a_bundle_larger_than_the_body_limit_is_streamed_in,
+    test_a_client_that_disconnects_mid_body_leaves_the_organization_empty,
+    test_everything_is_scoped_to_the_callers_organization,
+    test_import_into_a_non_empty_organization_is_409,
+    test_read_write_keys_get_403_and_nothing_happens,
+    test_round_trip_export_import_export_then_delete,
+    test_wrong_media_type_is_415,
+)
+from tests.test_usage import (  # noqa: E402,F401
+    test_usage_counts_what_the_organization_holds_and_only_that,
+    test_usage_needs_a_credential_and_the_read_scope_is_enough,
+)
+from tests.worker_live import worker_live, worker_stack  # noqa: E402
 from tests.test_thoughts_api import (  # noqa: E402,F401
     test_bad_input_is_a_clear_4xx_and_changes_nothing,
     test_bodies_must_be_json_and_utf8,
@@ -63,77 +126,17 @@ from tests.test_thoughts_api import (  # noqa: E402,F401
     test_seed_routes_work_for_existing_clients,
 )
 
-MINILM_INDEX = "memex-minilm-384"
-
-
-class WorkerLive(Live):
-    """``Live`` whose ``sql`` and ``vectors`` read through the Worker (synchronously: async tests call them too)."""
-
-    stack: object = None
-
-    def _query(self, db: str, query: str, params=()) -> list[tuple]:
-        stack = self.stack
-        body = json.dumps({"v": 1, "ops": [{"op": "sql.batch", "db": db, "statements": [
-            {"sql": query, "params": list(params)}]}]}).encode()
-        signer = WorkerClient(None, url=stack.url, secret=stack.secret)  # type: ignore[arg-type]  # headers only
-        r = httpx.post(f"{stack.url}/v1/rpc", content=body, headers=signer.signed_headers(body), timeout=30)
-        assert r.status_code == 200, r.text
-        res = r.json()["results"][0]
-        assert res["ok"], res
-        out = res["results"][0]
-        return [tuple(decode_value(v) for v in row) for row in out["rows"]]
-
-    def sql(self, query: str, params=(), *, org: str | None = None) -> list[tuple]:
-        if _CONTROL_TABLES.search(query):
-            return self._query("control", query, params)
-        orgs = [r[0] for r in self._query("control", "SELECT organization_id FROM org_databases ORDER BY created_at")]
-        named = [p for p in (org, *params) if isinstance(p, str) and p in orgs]
-        results = [self._query(f"org:{o}", query, params) for o in (named[:1] or orgs)]
-        if len(results) == 1:
-            return results[0]
-        head = query.lstrip().upper()
-        if results and all(len(r) == 1 for r in results) and head.startswith(("SELECT COUNT(", "SELECT SUM(",
-                                                                                  "SELECT COALESCE(MAX(", "SELECT MAX(")):
-            pick = max if "MAX(" in head.split("FROM")[0] else sum
-            return [tuple(pick(r[0][i] or 0 for r in results) for i in range(len(results[0][0])))]
-        return [row for r in results for row in r]
-
-    def vectors(self, prefix: str = "") -> list[tuple[str, str, dict]]:
-        stack = self.stack
-        httpx.post(f"{stack.admin_url}/vectorize/flush", timeout=30)
-        base = f"{stack.emulator_url}/accounts/test-account/vectorize/v2/indexes/{MINILM_INDEX}"
-        ids, cursor, out = [], None, []
-        with httpx.Client(headers={"Authorization": "Bearer test-token"}, timeout=30) as c:
-            while True:
-                page = c.get(f"{base}/list", params={"count": 1000, **({"cursor": cursor} if cursor else {})}).json()
-                ids += [v["id"] for v in page["result"]["vectors"] if v["id"].startswith(prefix)]
-                if not page["result"].get("isTruncated"):
-                    break
-                cursor = page["result"]["nextCursor"]
-            for i in range(0, len(ids), 100):
-                got = c.post(f"{base}/get_by_ids", json={"ids": ids[i:i + 100]}).json()["result"]
-                out += [(v["id"], v.get("namespace"), v.get("metadata") or {}) for v in got]
-        return out
+@pytest.fixture(scope="module")
+def stack():
+    with worker_stack() as dev:
+        yield dev
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with tempfile.TemporaryDirectory() as tmp:
-        with start_dev(ROOT, port=0, state_dir=Path(tmp) / "dev", vector_lag_ms=50, say=lambda _: None) as dev:
-            yield dev
-
-
-@contextmanager
-def worker_live(stack, tmp: Path, **overrides):
-    _provision_index(stack.emulator_url, MINILM_INDEX, 384)
-    server, ctx = start_live(tmp, embedder="local", backend="worker", worker_url=stack.url,
-                             worker_secret=stack.secret, cloudflare_vectorize_index=MINILM_INDEX, **overrides)
-    live = WorkerLive(server.base_url, server.memex, server.data_dir, backend="worker")
-    live.stack = stack
-    try:
-        yield live
-    finally:
-        ctx.__exit__(None, None, None)
+def hlive(stack):
+    """conftest's ``hlive`` (the hash embedder: plumbing without the model's cost) on the Worker backend."""
+    with tempfile.TemporaryDirectory() as tmp, worker_live(stack, Path(tmp), embedder="hash") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +167,8 @@ def kbt(stack):
             yield KbTenants(server, a, b, kbs, created["webhook_secret"], str(vault.path))
             vault.close()
             notes.close()
+
+
+def test_malformed_bundles_are_refused_and_leave_the_organization_empty(hlive, caplog):
+    with hlive.client() as c:  # (test_org_lifecycle's olive and http)
+        _malformed_bundles(hlive, c, caplog)
