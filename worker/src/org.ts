@@ -124,12 +124,25 @@ export class OrgStore extends DurableObject<Env> {
       } catch (e) {
         throw new StatementError(e, k);
       }
-      const [t, last] = sql.exec("SELECT total_changes(), last_insert_rowid()").raw().next().value as number[];
-      results.push({ columns, rows, changes: t - total, last_row_id: last });
+      const [t, own, last] = sql.exec("SELECT total_changes(), changes(), last_insert_rowid()").raw().next()
+        .value as number[];
+      // changes: the statement's delta of total_changes() (trigger and cascade rows included, as SQLite and the
+      // emulator report), but only for a statement that itself changed rows: FTS5 writes out a previous statement's
+      // pending rows when a later one starts, which would otherwise count as this statement's (an INSERT ... DO
+      // NOTHING that inserted nothing must answer 0). A statement that is not a write never reports changes.
+      results.push({ columns, rows, changes: isWrite(st.sql) && own > 0 ? t - total : 0, last_row_id: last });
       total = t;
     }
     return { ok: true, results };
   }
+}
+
+const WRITE = /^\s*(?:(?:--[^\n]*\n|\/\*[\s\S]*?\*\/)\s*)*(?:INSERT|UPDATE|DELETE|REPLACE)\b/i;
+const WITH_WRITE = /^\s*(?:(?:--[^\n]*\n|\/\*[\s\S]*?\*\/)\s*)*WITH\b[\s\S]*\b(?:INSERT|UPDATE|DELETE|REPLACE)\b/i;
+
+/** Whether a statement writes rows (INSERT, UPDATE, DELETE, REPLACE, also after a WITH clause). */
+export function isWrite(statement: string): boolean {
+  return WRITE.test(statement) || WITH_WRITE.test(statement);
 }
 
 /** A statement of a sql.batch failed: the error names it (0-based "statement"). */

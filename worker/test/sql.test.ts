@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { runInDurableObject } from "cloudflare:test";
-import { applyMigrations, type OrgStore } from "../src/org";
+import { applyMigrations, isWrite, type OrgStore } from "../src/org";
 import { ORG_MIGRATIONS } from "../src/generated/migrations";
 import { rpc, sql, testEnv, uniqueOrg } from "./helpers";
 
@@ -44,6 +44,28 @@ describe("sql.batch on an organization's Durable Object", () => {
     ]);
     // the row in chunks + its chunks_fts row (trigger)
     expect(res[0].changes).toBeGreaterThanOrEqual(1);
+  });
+
+  it("answers 0 changes for a write that changed nothing, even after an FTS5-indexed insert", async () => {
+    const org = uniqueOrg();
+    const insert = {
+      sql: "INSERT INTO documents (organization_id, id, content, content_hash, created_at, updated_at) " +
+        "VALUES (?, 't1', 'heron by the lake', 'h1', 1, 1) ON CONFLICT DO NOTHING",
+      params: [org],
+    };
+    const res = await sql(`org:${org}`, [insert, insert, { sql: "SELECT COUNT(*) FROM documents", params: [] }]);
+    expect(res[0].changes).toBeGreaterThanOrEqual(1); // the row, and its trigger rows
+    expect(res[1].changes).toBe(0); // the same row again: nothing inserted (the importer's duplicate check)
+    expect(res[2].changes).toBe(0); // a read never reports changes
+    expect(res[2].rows).toEqual([[1]]);
+  });
+
+  it("tells writes from reads", () => {
+    expect(isWrite("INSERT INTO t VALUES (1)")).toBe(true);
+    expect(isWrite("  -- note\n update t set x = 1")).toBe(true);
+    expect(isWrite("WITH k AS (SELECT 1) DELETE FROM t WHERE id IN k")).toBe(true);
+    expect(isWrite("SELECT * FROM t")).toBe(false);
+    expect(isWrite("WITH k AS (SELECT 1) SELECT * FROM k")).toBe(false);
   });
 
   it("runs one sql.batch as one transaction: a failing statement leaves nothing behind", async () => {
