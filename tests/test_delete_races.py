@@ -168,7 +168,13 @@ def test_delete_cancels_every_queued_job_of_its_parent(hlive, kind):
         assert r.status_code == 201, r.text  # the worker takes this one's jobs and is held at its upsert
         assert ix.upsert.reached.wait(WAIT), "the worker never reached its upsert"
         pid = _write(http, org, kind)  # its jobs queue behind the held batch
-        assert _jobs_of(hlive, org, pid) == ({"embed", "enrich"} if kind == "thought" else {"embed"})
+        queued = _jobs_of(hlive, org, pid)
+        if hlive.backend == "worker" and kind == "thought":
+            # the Worker backend runs a round's stages side by side: the enrichment may already be done, the
+            # embedding (held behind the first thought's upsert) may not
+            assert "embed" in queued and queued <= {"embed", "enrich"}, queued
+        else:
+            assert queued == ({"embed", "enrich"} if kind == "thought" else {"embed"})
         assert _delete(http, org, kind, pid) == 204
         assert _jobs_of(hlive, org, pid) == set()
         ix.upsert.release.set()
