@@ -13,6 +13,7 @@ import asyncio
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from services.ports import VectorIndexInfo, wait_searchable
 
@@ -81,6 +82,8 @@ class AsyncWrites:
 
     info_max_age: float
     settle_seconds: float
+    #: the adapter's own ``/info`` read (a method of the class that mixes this in)
+    info: Callable[[], Awaitable[VectorIndexInfo]]
 
     def _init_writes(self, *, info_max_age: float, settle_seconds: float) -> None:
         self.info_max_age = info_max_age
@@ -89,9 +92,6 @@ class AsyncWrites:
         self.last_mutation: str | None = None
         self._info_lock = asyncio.Lock()
         self._info_cache: tuple[float, VectorIndexInfo] | None = None
-
-    async def info(self) -> VectorIndexInfo:
-        raise NotImplementedError
 
     def _record(self, mutation_id: str | None) -> None:
         if mutation_id:

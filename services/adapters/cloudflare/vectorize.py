@@ -157,6 +157,14 @@ def _unit_rows(values: Sequence[Any], dims: int) -> np.ndarray:
     return (mat / norms[:, None]).astype(np.float32)
 
 
+def check_query(top_k: Any, namespace: Any) -> None:
+    """A Vectorize query's ``top_k`` (1 to MAX_TOP_K) and namespace (non-empty), over REST or through the Worker."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise InvalidInput(f"top_k must be an integer from 1 to {MAX_TOP_K}", details={"top_k": str(top_k)})
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidInput("query namespace must be a non-empty string")
+
+
 class VectorizeIndex(AsyncWrites):
     """``VectorIndex`` over one Vectorize v2 index (cosine; namespace = organization).
 
@@ -361,10 +369,7 @@ class VectorizeIndex(AsyncWrites):
         return_values: bool = False,
     ) -> list[VectorMatch]:
         """Nearest vectors inside ``namespace`` (cosine, best first), filtered on indexed metadata."""
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidInput(f"top_k must be an integer from 1 to {MAX_TOP_K}", details={"top_k": str(top_k)})
-        if not isinstance(namespace, str) or not namespace:
-            raise InvalidInput("query namespace must be a non-empty string")
+        check_query(top_k, namespace)
         q = _unit_rows([vector], self.dimensions)[0]
         await self.verify()
         wide = top_k > MAX_TOP_K_WITH_DATA

@@ -29,10 +29,10 @@ from services.ports import Vector, VectorIndexInfo, VectorMatch
 
 from .mutations import AsyncWrites
 from .vectorize import (
+    check_query,
     MAX_ID_BYTES,
     MAX_METADATA_BYTES,
     MAX_NAMESPACE_BYTES,
-    MAX_TOP_K,
     MAX_TOP_K_WITH_DATA,
     _check_name,
     _maybe_cut,
@@ -167,10 +167,7 @@ class WorkerVectorIndex(AsyncWrites):
         return_values: bool = False,
     ) -> list[VectorMatch]:
         """Nearest vectors inside ``namespace`` (cosine, best first), filtered on indexed metadata."""
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidInput(f"top_k must be an integer from 1 to {MAX_TOP_K}", details={"top_k": str(top_k)})
-        if not isinstance(namespace, str) or not namespace:
-            raise InvalidInput("query namespace must be a non-empty string")
+        check_query(top_k, namespace)
         q = _values(_unit_rows([vector], self.dimensions))[0]
         await self.verify()
         wide = top_k > MAX_TOP_K_WITH_DATA
