@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 from services.adapters.hash_embedder import HashEmbedder
-from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, load_tokenizer_json
+from services.adapters.onnx_embedder import BACKGROUND_NICE, OnnxMiniLMEmbedder, load_tokenizer_json
+from services.background import background
 from services.ports import Embedder
 
 
@@ -150,6 +153,7 @@ class SessionProbe:
         self.not_on = not_on
         self.runs = 0
         self.threads: set[int] = set()
+        self.niceness: list[int] = []  # each run's thread's (Linux: per thread)
         self.entered = threading.Event()
         self.release = threading.Event()
         if not hold:
@@ -161,6 +165,8 @@ class SessionProbe:
     def run(self, *args, **kwargs):
         self.runs += 1
         self.threads.add(threading.get_ident())
+        if sys.platform == "linux":
+            self.niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         if threading.get_ident() == self.not_on:  # holding it there would hang the loop: fail at once
             raise AssertionError("the model ran on the event loop's thread")
         self.entered.set()
@@ -176,6 +182,29 @@ class SessionProbe:
     def __exit__(self, *exc) -> None:
         self.release.set()
         self.embedder._session = self.real
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="niceness is per thread on Linux only")
+async def test_background_batches_yield_the_cpu_to_requests(minilm):
+    """The job worker's batches run on threads of lower priority, and a request's embedding (a search query)
+    runs at the process's own priority, without waiting for a batch held in the model."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with SessionProbe(minilm, hold=True) as probe:
+        with background():
+            batch = asyncio.create_task(minilm.embed([words_text(40, seed=i) for i in range(4)]))
+        while not probe.entered.is_set():
+            assert not batch.done(), batch.result()
+            await asyncio.sleep(0.001)
+        assert probe.niceness == [min(19, own + BACKGROUND_NICE)]
+        probe.entered.clear()
+        query = asyncio.create_task(minilm.embed_query("a search while a batch is in the model " + words_text(5, seed=99)))
+        while not probe.entered.is_set():
+            await asyncio.sleep(0.001)
+        assert probe.niceness[1] == own and not batch.done()
+        probe.release.set()
+        vector, vectors = await query, await batch
+    assert vector.shape == (384,) and vectors.shape == (4, 384)
+    np.testing.assert_allclose(vectors[0], (await minilm.embed([words_text(40, seed=0)]))[0], atol=1e-5)
 
 
 async def test_embedding_does_not_block_the_event_loop(minilm):

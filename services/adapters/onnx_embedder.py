@@ -14,24 +14,34 @@ The model and tokenizers load lazily, once, on first use, under a lock. Inferenc
 thread (``anyio.to_thread``) so the event loop is never blocked. Concurrent runs are not serialised:
 they share the session's intra-op thread pool, so a one-line search query interleaves with a capture's
 batch of chunks (~60 ms under load) instead of waiting for the whole batch (seconds).
+
+Background work (the job worker's batches: ``services.background``) runs on threads of its own whose
+scheduling priority is lowered by ``BACKGROUND_NICE`` (Linux, where niceness is per thread): a batch then
+takes the CPU only when the requests leave it free, so a capture or a search arriving during a bulk import
+is not slowed by it (a capture's p50 on 2 cores: bench/README.md, bench_ingest.py). Alone on the machine a
+niced thread runs as fast as any other, so ingest throughput is unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
 import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 import numpy as np
 
+from services.background import IN_BACKGROUND
 from services.errors import BackendError
 
 __all__ = ["OnnxMiniLMEmbedder", "WordPieceCount", "default_model_path", "load_tokenizer_json"]
@@ -43,6 +53,8 @@ _MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared 
 #: Padded tokens (rows x width) that multi-text runs may hold at once (two 8 x 256 batches): bounds the
 #: activations in memory whatever the number of concurrent callers (a run alone is always admitted).
 MAX_TOKENS_IN_FLIGHT = 4096
+#: Niceness added to the threads that embed background work (Linux only: elsewhere niceness is per process).
+BACKGROUND_NICE = 10
 # Whitespace to BERT (after it drops control characters): it maps these to spaces and splits on them.
 _WIDE_WS_CLASS = "\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _WS_CLASS = "\t\n\r " + _WIDE_WS_CLASS
@@ -105,6 +117,16 @@ def _added_tokens_pattern(tokenizer_json: str) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)))
 
 
+def lower_priority(by: int = BACKGROUND_NICE) -> None:
+    """Lower the calling thread's scheduling priority (raise its niceness by ``by``, at most 19). Linux
+    applies ``setpriority`` to one thread when given its thread id; lowering is always permitted."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except (AttributeError, OSError):  # no per-thread priority here: run as is
+        log.debug("could not lower the background embedding thread's priority", exc_info=True)
+
+
 class OnnxMiniLMEmbedder:
     """``Embedder`` for sentence-transformers/all-MiniLM-L6-v2, int8-quantised ONNX, 384 dimensions."""
 
@@ -140,6 +162,7 @@ class OnnxMiniLMEmbedder:
         self._tokenizer: Any = None  # truncating at max_tokens, with special tokens: model input
         self._counter: Any = None  # no truncation, no padding: count_tokens
         self._session: Any = None
+        self._background: ThreadPoolExecutor | None = None  # the niced threads of background embeddings
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._piece_memo: dict[str, int] = {"": 0}  # ASCII pre-token -> WordPiece count
         self._fast_count = False  # the tokenizer is an uncased BERT one: count_tokens' fast path is exact
@@ -314,7 +337,19 @@ class OnnxMiniLMEmbedder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        if IN_BACKGROUND.get() and sys.platform == "linux":
+            if self._session is None:  # made on a thread at normal priority: its intra-op threads inherit it
+                await anyio.to_thread.run_sync(self._load_session)
+            return await asyncio.get_running_loop().run_in_executor(self._background_threads(), self.embed_sync, texts)
         return await anyio.to_thread.run_sync(self.embed_sync, texts)
+
+    def _background_threads(self) -> ThreadPoolExecutor:
+        """Two threads (a batch and the next one's tokenising) at ``BACKGROUND_NICE``."""
+        if self._background is None:
+            with self._load_lock:
+                if self._background is None:
+                    self._background = ThreadPoolExecutor(2, "memex-embed-bg", initializer=lower_priority)
+        return self._background
 
     async def embed_query(self, text: str) -> np.ndarray:
         """One text -> shape (384,), through an LRU cache keyed on the text (for search queries). MiniLM has no
