@@ -93,8 +93,11 @@ def chunk_spans(
 
     paragraphs = _paragraph_spans(text, a, b)
     para_tokens = [count_tokens(text[pa:pb]) for pa, pb in paragraphs]
-    if sum(para_tokens) <= 2 * max_tokens and count_tokens(text[a:b]) <= max_tokens:
-        return [(a, b)]
+    if sum(para_tokens) <= 2 * max_tokens:
+        # One paragraph is the whole (trimmed) text: its count is the text's.
+        whole = para_tokens[0] if paragraphs == [(a, b)] else count_tokens(text[a:b])
+        if whole <= max_tokens:
+            return [(a, b)]
 
     pieces = _pieces(text, paragraphs, para_tokens, count_tokens, max_tokens)
     return _pack(text, pieces, count_tokens, max_tokens, overlap_tokens)
