@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+import services.search.selective as selective
 from services.errors import NotFound
 from services.search.indexing import EmbedStage
 from services.thoughts.decisions import Decisions
@@ -144,6 +145,41 @@ async def test_unrelated_notes_are_created_without_a_vector_lookup(make_env, mon
     await env.drain()
     assert [(await t.get(i)).decision.action for i in ids] == ["created"] * 3
     assert queried == []  # the lexical gate (one SQL batch for the round) found nothing close
+
+
+async def test_when_every_probe_word_is_common_the_index_decides_without_the_keyword_gate(make_env, monkeypatch):
+    """The lexical gate ranks every chunk its words match: in a large organization whose notes share their words, it
+    read most of the organization for each thought (160 ms a thought at 100,000 chunks). Once the organization is
+    known to hold all of a note's probe words in most rows, the round asks the index, and still finds the duplicate."""
+    monkeypatch.setattr(selective, "COMMON_MIN_ROWS", 3)  # common: in 3 rows and 30% of them (defaults 2,000 and 5%)
+    monkeypatch.setattr(selective, "COMMON_SHARE", 0.3)
+    selective._COMMON.clear()
+    env = await make_env()
+    t = await env.thoughts()
+    notes = [f"Fleet status report {i}: harbour crane maintenance finished on schedule." for i in range(6)]
+    for i, note in enumerate(notes):
+        env.emb.set(note, basis(i))
+    ids = [(await t.capture(note)).id for note in notes]
+    await env.drain()
+    assert [(await t.get(i)).decision.action for i in ids] == ["created"] * 6
+    store = await env.stores.open("org_a")
+    sent: list[str] = []
+    real_batch = type(store.sql).batch
+
+    async def recording(self, statements, *args, **kwargs):
+        sent.extend(st.sql for st in statements)
+        return await real_batch(self, statements, *args, **kwargs)
+
+    monkeypatch.setattr(type(store.sql), "batch", recording)
+    again = "Fleet status report 0: harbour crane maintenance finished on schedule!"
+    env.emb.set(again, near(0, 7, 0.97))
+    dup = await t.capture(again)
+    await env.drain()
+    with pytest.raises(NotFound):
+        await t.get(dup.id)
+    assert [e.content for e in (await t.history.list(ids[0])).entries] == [again]
+    assert sent and not [q for q in sent if "chunks_fts MATCH" in q]  # the gate was not asked
+    selective._COMMON.clear()
 
 
 @pytest.mark.parametrize("answer,outcome", [

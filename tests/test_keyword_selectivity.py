@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-import services.search.search as search_module
+import services.search.selective as selective_module
 from tests.conftest import signup
 
 
 @pytest.fixture
 def small_thresholds(monkeypatch):
     # a word in at least 3 rows and 30% of them is common (the defaults: 2,000 rows and 5%)
-    monkeypatch.setattr(search_module, "COMMON_MIN_ROWS", 3)
-    monkeypatch.setattr(search_module, "COMMON_SHARE", 0.3)
-    search_module._COMMON.clear()
+    monkeypatch.setattr(selective_module, "COMMON_MIN_ROWS", 3)
+    monkeypatch.setattr(selective_module, "COMMON_SHARE", 0.3)
+    selective_module._COMMON.clear()
     yield
-    search_module._COMMON.clear()
+    selective_module._COMMON.clear()
 
 
 def _capture(live, org, texts: list[str]) -> dict[str, str]:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -30,10 +28,11 @@ from services.errors import InvalidInput
 from services.models import SearchHit, SearchResult
 from services.ports import Embedder, Reranker
 from services.search.fusion import (
-    KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, KeywordRow, VectorRow, floor_terms, fts_phrases, fuse, query_terms,
+    KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, KeywordRow, VectorRow, floor_terms, fuse, query_terms,
 )
 from services.search.ranking import Ranking
 from services.search.relevance import relevance_floor
+from services.search.selective import Selective
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = ["SearchOptions", "Search", "Hydrator", "KINDS", "MAX_TOP_K", "OVERFETCH", "RERANK_DEPTH"]
@@ -47,15 +46,6 @@ MAX_TOP_K = 100
 OVERFETCH = 3
 #: Hits the second stage (a configured reranker) rescores.
 RERANK_DEPTH = 30
-#: The keyword side leaves out a query word found in more than this share of the searched rows (and in at
-#: least COMMON_MIN_ROWS of them) when a rarer word remains (``_Selective``).
-COMMON_SHARE = 0.05
-COMMON_MIN_ROWS = 2000
-#: Whether a word is common changes slowly: the verdict is kept per (organization, table, word) this long
-#: (seconds), for the COMMON_CACHE most recently used words of the process.
-COMMON_TTL = 300.0
-COMMON_CACHE = 50_000
-_COMMON: OrderedDict[tuple[str, str, str], tuple[bool, float]] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +217,7 @@ class Search:
     ) -> tuple[list[KeywordRow], list[dict[str, Any]] | None]:
         """BM25, best first: whole documents for thoughts (documents_fts; the row's chunk is the thought's first,
         see ``search``), chunks for the other kinds (chunks_fts). With both, the lists merge on score, cut at
-        ``width``. Each side matches the query's selective words only (``_Selective``).
+        ``width``. Each side matches the query's selective words only (``Selective``).
 
         ``prefetch``: (the thought hydrator, the vector side's rows): the statements go in one batch (one D1
         request) with the hydration of the vector side's thoughts, and the documents statement selects its hits'
@@ -235,15 +225,15 @@ class Search:
         words = query_terms(query)
         hydrator, vector = prefetch if prefetch is not None else (None, [])
         statements: list[tuple[str, list[Any]]] = []
-        selective: list[_Selective] = []
+        selective: list[Selective] = []
         if words and "thought" in kinds:
-            match = _Selective(self.sql.org_id, "documents_fts", words)
+            match = Selective(self.sql.org_id, "documents_fts", words)
             statements.append(self._keyword_documents(match, parent_id, width,
                                                       hydrator.hydrate_columns if hydrator is not None else None))
             selective.append(match)
         others = [k for k in kinds if k != "thought"]
         if words and others:
-            match = _Selective(self.sql.org_id, "chunks_fts", words)
+            match = Selective(self.sql.org_id, "chunks_fts", words)
             statements.append(self._keyword_chunks(match, others, parent_id, width, window))
             selective.append(match)
         if hydrator is None:
@@ -272,7 +262,7 @@ class Search:
         return out, rows_ahead
 
     @staticmethod
-    def _keyword_documents(match: _Selective, parent_id: str | None, width: int,
+    def _keyword_documents(match: Selective, parent_id: str | None, width: int,
                            hydrate: str | None = None) -> tuple[str, list[Any]]:
         # ORDER BY rank is sorted inside FTS5, so the chunk subquery runs for the returned rows only.
         sql = (
@@ -293,7 +283,7 @@ class Search:
         return match.prefix + sql, params
 
     @staticmethod
-    def _keyword_chunks(match: _Selective, kinds: list[str], parent_id: str | None, width: int,
+    def _keyword_chunks(match: Selective, kinds: list[str], parent_id: str | None, width: int,
                         window: tuple[int | None, int | None] = (None, None)) -> tuple[str, list[Any]]:
         sql = (
             f"{match.prefix}SELECT c.id, c.kind, c.parent_id, {match.column} bm25(chunks_fts) AS bm25 FROM chunks_fts "
@@ -329,58 +319,3 @@ class Search:
             if md.get("kind") in kinds and "parent_id" in md:
                 out.append((m.id, md["kind"], md["parent_id"], m.score))
         return out
-
-
-class _Selective:
-    """The FTS5 MATCH operand of a query's words (quoted, ORed) without its common ones: a word found in at least
-    ``COMMON_SHARE`` of ``table``'s rows (and in at least ``COMMON_MIN_ROWS``) is left out when a rarer word
-    remains. FTS5 scores every row a query matches before it sorts them, so the keyword side costs in proportion
-    to the rows matched; a common word ("my", "time", "after" in 100k messages) matches most of them and, with an
-    IDF under ln(1 + 1 / COMMON_SHARE), moves the ranking little (BM25 alone on SciFact: nDCG@10 68.66 -> 68.62;
-    bench/README.md).
-
-    The words' counts run inside the keyword statement itself (a subquery as the MATCH operand: no extra round
-    trip, which on D1 is an API request), each stopping at the threshold; the table's highest rowid stands for
-    its row count (an upper bound: never more pruning than the rule says). The database is this organization's
-    own (one per organization, embedded and on D1), so the counts need no per-row organization check, which
-    would read every matching row's stored columns rather than the index alone (5 words over 134k rows: 2 ms
-    against 0.5-1.3 s). The statement also returns the words it kept, so the verdicts are remembered per
-    (organization, table, word) for ``COMMON_TTL`` seconds and a query of known words skips the counts. The kept
-    words are a materialized CTE (``prefix``) that the MATCH and the returned column both read: written out twice,
-    the counts would run twice (the whole keyword statement, 5 words over 134k chunks: 24.1 against 20.3 ms)."""
-
-    __slots__ = ("key", "words", "prefix", "operand", "param", "column", "now")
-
-    def __init__(self, org_id: str, table: str, words: list[str]) -> None:
-        self.key, self.words, self.now = (org_id, table), words, time.monotonic()
-        self.prefix = self.column = ""
-        verdicts = [_COMMON.get((org_id, table, w)) for w in words]
-        if len(words) == 1 or all(v is not None and self.now - v[1] < COMMON_TTL for v in verdicts):
-            rare = [w for w, v in zip(words, verdicts, strict=True) if v is None or not v[0]]
-            self.operand, self.param = "?2", fts_phrases(rare or words)
-            return
-        cap = (f"(SELECT max({COMMON_MIN_ROWS}, CAST(COALESCE(max(rowid), 0) * {COMMON_SHARE} AS INTEGER)) "
-               f"FROM {table})")
-        self.prefix = (
-            "WITH selective(m) AS MATERIALIZED (SELECT COALESCE(group_concat(j.value, ' OR '), "
-            "(SELECT group_concat(value, ' OR ') FROM json_each(?2))) FROM json_each(?2) AS j WHERE (SELECT COUNT(*) "
-            f"FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value LIMIT {cap})) < {cap}) "
-        )
-        self.operand = "(SELECT m FROM selective)"
-        self.param = json.dumps([f'"{w}"' for w in words])
-        self.column = f"{self.operand} AS selective_match, "
-
-    def learn(self, rows: list[dict[str, Any]]) -> None:
-        """Remember the verdicts the statement's ``selective_match`` column tells: kept words are rare, the others
-        common. All kept says nothing (all rare, or all common and kept for want of a rarer one)."""
-        if not self.column or not rows:
-            return
-        kept = set(str(rows[0].get("selective_match") or "").split(" OR "))
-        if all(f'"{w}"' in kept for w in self.words):
-            return
-        for w in self.words:
-            key = (*self.key, w)
-            _COMMON[key] = (f'"{w}"' not in kept, self.now)
-            _COMMON.move_to_end(key)
-        while len(_COMMON) > COMMON_CACHE:
-            _COMMON.popitem(last=False)

@@ -47,6 +47,7 @@ import numpy as np
 from services.errors import RateLimited
 from services.ports import LLM, ChatMessage, Embedder, SqlResult, Statement, VectorMatch
 from services.search.recent_vectors import RecentVectors
+from services.search.selective import Selective, all_common, remember
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = [
@@ -117,23 +118,34 @@ _GATE_STOP = frozenset(
 )
 
 
-_GATE_SQL = (
-    "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
-    "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
-    "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
-    "AND c.kind = 'thought' ORDER BY rank LIMIT ?3"
-)
+def _gate_statement(org_id: str, probe: list[str], before_id: str | None = None) -> tuple[str, list[Any]]:
+    """The lexical gate's keyword lookup: the thoughts' chunks matching the probe words, best first (with
+    ``before_id``: only the thoughts captured before that one). The MATCH leaves out the probe's words that most of
+    the organization's chunks hold (``Selective``, as the search's keyword side does): a thought close enough to
+    matter shares the new text's rarer words too, and FTS5 ranks every row a MATCH finds, so one common word made
+    this lookup read most of a large organization (160 ms a thought at 100,000 chunks; bench/README.md)."""
+    match = Selective(org_id, "chunks_fts", probe)
+    sql = (
+        f"{match.prefix}SELECT {match.column}c.parent_id, c.content, "
+        "(c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
+        "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
+    )
+    if before_id is not None:
+        sql += ("JOIN documents d ON d.organization_id = c.organization_id AND d.id = c.parent_id "
+                "JOIN documents me ON me.organization_id = ?1 AND me.id = ?4 ")
+    sql += (f"WHERE chunks_fts MATCH {match.operand} AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
+            "AND c.kind = 'thought' ")
+    if before_id is not None:
+        sql += "AND (d.created_at < me.created_at OR (d.created_at = me.created_at AND d.id < ?4)) "
+    sql += "ORDER BY rank LIMIT ?3"
+    return sql, [match.param, GATE_CANDIDATES] + ([before_id] if before_id is not None else [])
 
 
-#: The gate for a stored thought (``?4``): only the thoughts captured before it.
-_GATE_SQL_BEFORE = (
-    "SELECT c.parent_id, c.content, (c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
-    "FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid JOIN documents d ON d.organization_id = c.organization_id "
-    "AND d.id = c.parent_id JOIN documents me ON me.organization_id = ?1 AND me.id = ?4 "
-    "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
-    "AND c.kind = 'thought' AND (d.created_at < me.created_at OR (d.created_at = me.created_at AND d.id < ?4)) "
-    "ORDER BY rank LIMIT ?3"
-)
+def _gate_probe(words: set[str]) -> list[str]:
+    """The probe: the text's longest words (the likeliest to be rare), at most GATE_TERMS."""
+    return sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
+
+
 #: What a decision shows of a candidate (the model's prompt, the salient facts): continued with the ids' JSON array.
 _PROMPT_ROWS = (
     "SELECT id, substr(content, 1, ?2) AS content, length(content) AS chars FROM documents "
@@ -380,35 +392,48 @@ class Decisions:
         in a batch of its own; ``plausible_results`` reads their results."""
         out: list[Statement | None] = []
         for text, doc_id in zip(first_chunks, ids, strict=True):
-            probe = sorted(_words(text), key=lambda w: (-len(w), w))[:GATE_TERMS]
-            out.append(self.sql.stmt(_GATE_SQL_BEFORE, " OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES, doc_id)
-                       if probe else None)
+            probe = _gate_probe(_words(text))
+            if not probe or all_common(self.sql.org_id, "chunks_fts", probe):  # see plausible_results
+                out.append(None)
+                continue
+            sql, params = _gate_statement(self.sql.org_id, probe, doc_id)
+            out.append(self.sql.stmt(sql, *params))
         return out
 
-    @staticmethod
-    def plausible_results(first_chunks: Sequence[str], stmts: Sequence[Statement | None],
-                          results: Sequence[SqlResult]) -> list[list[tuple[str, str, bool]]]:
-        out: list[list[tuple[str, str, bool]]] = [[] for _ in first_chunks]
+    def plausible_results(self, first_chunks: Sequence[str], stmts: Sequence[Statement | None],
+                          results: Sequence[SqlResult]) -> list[list[tuple[str, str, bool]] | None]:
+        """Per text: the close thoughts, [] for none, or None when the gate was not asked because every probe word
+        is common in the organization (the lookup would read a large share of it, where the index query it means
+        to spare costs the same whatever the words: the decision asks the index)."""
+        out: list[list[tuple[str, str, bool]] | None] = [[] for _ in first_chunks]
         answers = iter(results)
         for i, st in enumerate(stmts):
-            if st is None:
-                continue
             words = _words(first_chunks[i])
-            out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in next(answers).rows
+            if st is None:
+                if _gate_probe(words):  # words to probe, all common
+                    out[i] = None
+                continue
+            rows = next(answers).rows
+            remember((self.sql.org_id, "chunks_fts"), _gate_probe(words), rows)
+            out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in rows
                       if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
         return out
 
-    async def plausible(self, first_chunk: str) -> list[tuple[str, str, bool]]:
+    async def plausible(self, first_chunk: str) -> list[tuple[str, str, bool]] | None:
         """Without a language model only similarity >= 0.85 changes the outcome, and texts that close share
         most of their words. One keyword lookup (the new text's rarest-looking words) finds any thought that
         could be that close; when none shares GATE_CONTAINMENT of the words, the capture skips the model run
         on the request path (the worker embeds it as usual). Returns the close thoughts as (id, chunk text,
-        whether its vector is not searchable yet)."""
+        whether its vector is not searchable yet), or None when every probe word is common in the organization
+        (``plausible_results``): the decision then embeds and asks the index."""
         words = _words(first_chunk)
         if not words:
             return []
-        probe = sorted(words, key=lambda w: (-len(w), w))[:GATE_TERMS]
-        rows = await self.sql.rows(_GATE_SQL, [" OR ".join(f'"{w}"' for w in probe), GATE_CANDIDATES])
+        probe = _gate_probe(words)
+        if all_common(self.sql.org_id, "chunks_fts", probe):
+            return None
+        rows = await self.sql.rows(*_gate_statement(self.sql.org_id, probe))
+        remember((self.sql.org_id, "chunks_fts"), probe, rows)
         return [
             (r["parent_id"], r["content"], bool(r["pending"]))
             for r in rows
@@ -419,10 +444,10 @@ class Decisions:
         pending: list[tuple[str, str]] = []
         if self.lexical_gate and self.llm is None:
             close = await self.plausible(first_chunk)
-            if not close:
+            if close is not None and not close:
                 return Plan("created")
             # close thoughts captured moments ago (vectors not searchable yet) are compared directly
-            pending = [(pid, text) for pid, text, not_searchable in close if not_searchable]
+            pending = [(pid, text) for pid, text, not_searchable in close or () if not_searchable]
         vector = await self.embed(first_chunk)
         plan = await self._decide(content, vector, multi_chunk=multi_chunk, pending=pending)
         plan.vector = vector
