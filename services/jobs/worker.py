@@ -32,8 +32,8 @@ from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import OrgStores
 
-__all__ = ["Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS", "Stage", "Collected",
-           "settle_jobs", "ROUND_TEXTS", "ORG_TEXTS"]
+__all__ = ["CLAIM_SQL", "SETTLE_DONE_SQL", "Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS",
+           "Stage", "Collected", "settle_jobs", "ROUND_TEXTS", "ORG_TEXTS"]
 
 log = logging.getLogger("memex.worker")
 LEASE_MS = 60_000
@@ -93,15 +93,27 @@ class Stage(Protocol):
         ...
 
 
+#: A worker's claim: the first ``?4`` due jobs, leased until ``?2``. In due order, which is the order of the
+#: jobs_ready(state, run_after) index and its rowids, so no sort: ``ORDER BY id`` sorted every ready job (58 ms a claim
+#: with 87,000 queued). The outer ``organization_id`` is unary-plussed so that the ids are looked up by rowid rather
+#: than checked against every entry of the organization's jobs_by_target index (the same for SETTLE_DONE_SQL: 22 ms).
+CLAIM_SQL = (
+    "UPDATE jobs SET locked_until = ?2, attempts = attempts + 1 WHERE +organization_id = ?1 AND id IN ("
+    " SELECT id FROM jobs WHERE organization_id = ?1 AND state = 'pending' AND run_after <= ?3"
+    " AND (locked_until IS NULL OR locked_until < ?3) ORDER BY run_after, id LIMIT ?4) "
+    "RETURNING id, organization_id, kind, target_id, attempts"
+)
+SETTLE_DONE_SQL = "DELETE FROM jobs WHERE +organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))"
+
+
 def settle_jobs(sql: OrgSql, collected: Collected) -> list[Statement]:
     """The statements that end a stage's round for its jobs: the done ones deleted, the others released."""
     out = []
     if collected.done:
-        out.append(sql.stmt("DELETE FROM jobs WHERE organization_id = ?1 AND id IN (SELECT value FROM json_each(?2))",
-                            json.dumps([j.id for j in collected.done])))
+        out.append(sql.stmt(SETTLE_DONE_SQL, json.dumps([j.id for j in collected.done])))
     if collected.later:
         out.append(sql.stmt(
-            "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
+            "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE +organization_id = ?1 "
             "AND id IN (SELECT value FROM json_each(?2))", json.dumps([j.id for j in collected.later])))
     return out
 
@@ -341,8 +353,8 @@ class JobWorker:
             store = await self.stores.open(org_id)
             if held:
                 await store.sql.execute(
-                    "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE organization_id = ?1 "
-                    "AND state = 'pending' AND id IN (SELECT value FROM json_each(?2))",
+                    "UPDATE jobs SET locked_until = NULL, attempts = MAX(0, attempts - 1) WHERE +organization_id = ?1 "
+                    "AND +state = 'pending' AND id IN (SELECT value FROM json_each(?2))",
                     [json.dumps([j.id for j in held])],
                 )
             else:  # a probe that writes (an UPDATE matching nothing would succeed on a full disk)
@@ -360,13 +372,7 @@ class JobWorker:
     async def claim(self, org_id: str) -> list[Job]:
         now = now_ms()
         sql = (await self.stores.open(org_id)).sql
-        rows = await sql.rows(
-            "UPDATE jobs SET locked_until = ?2, attempts = attempts + 1 WHERE organization_id = ?1 AND id IN ("
-            " SELECT id FROM jobs WHERE organization_id = ?1 AND state = 'pending' AND run_after <= ?3"
-            " AND (locked_until IS NULL OR locked_until < ?3) ORDER BY id LIMIT ?4) "
-            "RETURNING id, organization_id, kind, target_id, attempts",
-            [now + LEASE_MS, now, self.batch],
-        )
+        rows = await sql.rows(CLAIM_SQL, [now + LEASE_MS, now, self.batch])
         return sorted((Job(**r) for r in rows), key=lambda j: j.id)
 
     async def run_once(self) -> int:
