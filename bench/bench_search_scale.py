@@ -204,7 +204,8 @@ def main() -> int:
     print(f"  one client, repeated        p50 {h['again']['p50']:7.2f}  p95 {h['again']['p95']:7.2f} ms")
     cc = h[f"clients_{args.clients}"]
     print(f"  {args.clients} clients                   p50 {cc['p50']:7.2f}  p95 {cc['p95']:7.2f} ms   {cc['req_per_s']} req/s")
-    print(f"  MiniLM query embedding      uncached p50 {q_cost['uncached']['p50']:.2f} ms, cached p50 {q_cost['cached']['p50']:.3f} ms")
+    unc, cac = q_cost["uncached"]["p50"], q_cost["cached"]["p50"]
+    print(f"  MiniLM query embedding      uncached p50 {unc:.2f} ms, cached p50 {cac:.3f} ms")
     w = out["with_minilm_estimate"]
     print(f"  with MiniLM: first-time p50 {w['first_p50']:.2f} ms (aim <= 15), repeat p50 {w['repeat_p50']:.2f} ms, "
           f"{args.clients}-client p95 {w['clients_p95_first']:.2f} ms (aim <= 40)")
