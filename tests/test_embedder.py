@@ -207,6 +207,41 @@ async def test_background_batches_yield_the_cpu_to_requests(minilm):
     np.testing.assert_allclose(vectors[0], (await minilm.embed([words_text(40, seed=0)]))[0], atol=1e-5)
 
 
+_ONLY_OWN_THREADS_NICED = """
+import asyncio, os, threading
+from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+from services.background import background
+
+async def main():
+    with background():  # the process's first embedding is background work
+        await OnnxMiniLMEmbedder().embed(["a batch of the worker"] * 12)
+    niced = set()
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        if os.getpriority(os.PRIO_PROCESS, int(tid)) != os.getpriority(os.PRIO_PROCESS, 0):
+            niced.add(int(tid))
+    ours = {t.native_id for t in threading.enumerate() if t.name.startswith("memex-embed-bg")}
+    print(len(niced), len(ours), niced <= ours)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="niceness is per thread on Linux only")
+def test_a_background_first_embedding_nices_only_its_own_threads():
+    """Threads inherit their creator's priority. Had the worker's first batch started the model's intra-op threads or
+    the tokenizer's thread pool (which a search's query uses too) from a niced thread, every later query would wait on
+    low-priority threads under load. In a fresh process, only the embedder's background threads end up niced."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _ONLY_OWN_THREADS_NICED], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    niced, ours, only_ours = done.stdout.split()
+    assert int(niced) >= 1 and only_ours == "True", done.stdout
+
+
 async def test_embedding_does_not_block_the_event_loop(minilm):
     """While the model runs (held inside its real session), the event loop serves other coroutines."""
     loop_thread = threading.get_ident()

@@ -163,6 +163,7 @@ class OnnxMiniLMEmbedder:
         self._counter: Any = None  # no truncation, no padding: count_tokens
         self._session: Any = None
         self._background: ThreadPoolExecutor | None = None  # the niced threads of background embeddings
+        self._warm = False  # warm_up has run (on a thread at normal priority)
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._piece_memo: dict[str, int] = {"": 0}  # ASCII pre-token -> WordPiece count
         self._fast_count = False  # the tokenizer is an uncased BERT one: count_tokens' fast path is exact
@@ -240,8 +241,9 @@ class OnnxMiniLMEmbedder:
             return session
 
     def warm_up(self) -> None:
-        """Load tokenizer and model now (blocking) instead of on first use."""
+        """Load tokenizer and model now (blocking) instead of on first use, and start the thread pools they use."""
         self.embed_sync(["warm up"])
+        self._warm = True
 
     # ------------------------------------------------------------------ tokens
 
@@ -338,8 +340,10 @@ class OnnxMiniLMEmbedder:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         if IN_BACKGROUND.get() and sys.platform == "linux":
-            if self._session is None:  # made on a thread at normal priority: its intra-op threads inherit it
-                await anyio.to_thread.run_sync(self._load_session)
+            if not self._warm:
+                # Threads inherit their creator's priority: the model's intra-op threads and the tokenizer's thread
+                # pool (shared with the request path: a query's tokenising) are made on a thread at normal priority.
+                await anyio.to_thread.run_sync(self.warm_up)
             return await asyncio.get_running_loop().run_in_executor(self._background_threads(), self.embed_sync, texts)
         return await anyio.to_thread.run_sync(self.embed_sync, texts)
 
