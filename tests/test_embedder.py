@@ -213,12 +213,16 @@ from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
 from services.background import background
 
 async def main():
+    embedder = OnnxMiniLMEmbedder()  # kept: its threads end with it
     with background():  # the process's first embedding is background work
-        await OnnxMiniLMEmbedder().embed(["a batch of the worker"] * 12)
+        await embedder.embed(["a batch of the worker"] * 12)
     niced = set()
     for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-        if os.getpriority(os.PRIO_PROCESS, int(tid)) != os.getpriority(os.PRIO_PROCESS, 0):
-            niced.add(int(tid))
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) != os.getpriority(os.PRIO_PROCESS, 0):
+                niced.add(int(tid))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
     ours = {t.native_id for t in threading.enumerate() if t.name.startswith("memex-embed-bg")}
     print(len(niced), len(ours), niced <= ours)
 
