@@ -167,6 +167,9 @@ def test_delete_cancels_every_queued_job_of_its_parent(hlive, kind):
         r = http.post("/v1/thoughts", json={"content": "The worker is held on this note's vectors. " * 8}, headers=org.headers)
         assert r.status_code == 201, r.text  # the worker takes this one's jobs and is held at its upsert
         assert ix.upsert.reached.wait(WAIT), "the worker never reached its upsert"
+        # every later upsert of the organization is held too: on the Worker backend the worker may run the next
+        # thought's round beside the held one, and would otherwise finish all of its jobs before they are looked at
+        ix.upsert.armed = True
         pid = _write(http, org, kind)  # its jobs queue behind the held batch
         queued = _jobs_of(hlive, org, pid)
         if hlive.backend == "worker" and kind == "thought":
