@@ -30,6 +30,19 @@ _CONTROL_TABLES = re.compile(
     r"\b(organizations|api_keys|memberships|service_tokens|key_revocations|llm_usage|org_databases|knowledge_base_routes)\b")
 
 
+def combine_org_results(query: str, results: list[list[tuple]]) -> list[tuple]:
+    """One answer from a statement run in several organizations' databases: the one result as is; COUNT/SUM results
+    added up and MAX taken (one row each); otherwise the rows concatenated."""
+    if len(results) == 1:
+        return results[0]
+    head = query.lstrip().upper()
+    if results and all(len(r) == 1 for r in results) and head.startswith(("SELECT COUNT(", "SELECT SUM(",
+                                                                          "SELECT COALESCE(MAX(", "SELECT MAX(")):
+        pick = max if "MAX(" in head.split("FROM")[0] else sum
+        return [tuple(pick(r[0][i] or 0 for r in results) for i in range(len(results[0][0])))]
+    return [row for r in results for row in r]
+
+
 @dataclass
 class Live:
     base_url: str
@@ -76,14 +89,7 @@ class Live:
         for path in named[:1] or paths.values():
             with sqlite3.connect(path) as conn:
                 results.append(conn.execute(query, params).fetchall())
-        if len(results) == 1:
-            return results[0]
-        head = query.lstrip().upper()
-        if results and all(len(r) == 1 for r in results) and head.startswith(("SELECT COUNT(", "SELECT SUM(",
-                                                                                  "SELECT COALESCE(MAX(", "SELECT MAX(")):
-            pick = max if "MAX(" in head.split("FROM")[0] else sum
-            return [tuple(pick(r[0][i] or 0 for r in results) for i in range(len(results[0][0])))]
-        return [row for r in results for row in r]
+        return combine_org_results(query, results)
 
     def vectors(self, prefix: str = "") -> list[tuple[str, str, dict]]:
         """(id, namespace, metadata) of every vector whose id starts with ``prefix``, read from the index

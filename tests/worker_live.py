@@ -18,7 +18,7 @@ import httpx
 
 from api.cloudflare_dev_cli import _provision_index, start_dev
 from services.adapters.cloudflare.worker_client import WorkerClient, decode_value
-from tests.conftest import _CONTROL_TABLES, Live, start_live
+from tests.conftest import _CONTROL_TABLES, Live, combine_org_results, start_live
 
 ROOT = Path(__file__).resolve().parents[1]
 #: One Vectorize index per embedder (both 384 dimensions), so each run's vectors have an index of their own.
@@ -64,15 +64,7 @@ class WorkerLive(Live):
             return self._query(f"org:{org}", query, params)
         routes = self.routes()
         named = [p for p in params if isinstance(p, str) and p in routes]
-        results = [self._query(routes[o], query, params) for o in (named[:1] or list(routes))]
-        if len(results) == 1:
-            return results[0]
-        head = query.lstrip().upper()
-        if results and all(len(r) == 1 for r in results) and head.startswith(("SELECT COUNT(", "SELECT SUM(",
-                                                                                  "SELECT COALESCE(MAX(", "SELECT MAX(")):
-            pick = max if "MAX(" in head.split("FROM")[0] else sum
-            return [tuple(pick(r[0][i] or 0 for r in results) for i in range(len(results[0][0])))]
-        return [row for r in results for row in r]
+        return combine_org_results(query, [self._query(routes[o], query, params) for o in (named[:1] or list(routes))])
 
     def write(self, org: str, statements: list[tuple[str, Any]]) -> None:
         """Run ``statements`` in the organization's Durable Object, in one transaction (what a test seeds by hand)."""
