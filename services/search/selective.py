@@ -46,9 +46,9 @@ class Selective:
     def __init__(self, org_id: str, table: str, words: list[str]) -> None:
         self.key, self.words, self.now = (org_id, table), words, time.monotonic()
         self.prefix = self.column = ""
-        verdicts = [_COMMON.get((org_id, table, w)) for w in words]
-        if len(words) == 1 or all(v is not None and self.now - v[1] < COMMON_TTL for v in verdicts):
-            rare = [w for w, v in zip(words, verdicts, strict=True) if v is None or not v[0]]
+        verdicts = [_verdict(org_id, table, w, self.now) for w in words]
+        if len(words) == 1 or all(v is not None for v in verdicts):
+            rare = [w for w, v in zip(words, verdicts, strict=True) if not v]
             self.operand, self.param = "?2", fts_phrases(rare or words)
             return
         cap = (f"(SELECT max({COMMON_MIN_ROWS}, CAST(COALESCE(max(rowid), 0) * {COMMON_SHARE} AS INTEGER)) "
@@ -73,8 +73,13 @@ def all_common(org_id: str, table: str, words: list[str]) -> bool:
     """Whether every one of ``words`` is known (fresh) to be common in the organization's ``table``: a MATCH of
     them reads a large share of its rows whatever ``Selective`` does."""
     now = time.monotonic()
-    verdicts = [_COMMON.get((org_id, table, w)) for w in words]
-    return bool(words) and all(v is not None and v[0] and now - v[1] < COMMON_TTL for v in verdicts)
+    return bool(words) and all(_verdict(org_id, table, w, now) for w in words)
+
+
+def _verdict(org_id: str, table: str, word: str, now: float) -> bool | None:
+    """Whether ``word`` is common in the organization's ``table``, as remembered; None when unknown or stale."""
+    v = _COMMON.get((org_id, table, word))
+    return v[0] if v is not None and now - v[1] < COMMON_TTL else None
 
 
 def remember(key: tuple[str, str], words: list[str], rows: list[dict[str, Any]], now: float | None = None) -> None:

@@ -409,12 +409,13 @@ class Decisions:
         answers = iter(results)
         for i, st in enumerate(stmts):
             words = _words(first_chunks[i])
+            probe = _gate_probe(words)
             if st is None:
-                if _gate_probe(words):  # words to probe, all common
+                if probe:  # words to probe, all common
                     out[i] = None
                 continue
             rows = next(answers).rows
-            remember((self.sql.org_id, "chunks_fts"), _gate_probe(words), rows)
+            remember((self.sql.org_id, "chunks_fts"), probe, rows)
             out[i] = [(r["parent_id"], r["content"], bool(r["pending"])) for r in rows
                       if len(words & _words(r["content"])) >= GATE_CONTAINMENT * len(words)]
         return out
