@@ -672,6 +672,42 @@ async def test_searchable_and_wait_for_follow_processed_up_to_mutation():
     assert await idx.wait_for(m3, timeout=1)
 
 
+async def test_writes_in_flight_together_are_not_ordered_by_their_responses():
+    """Vectorize applies writes in the order it accepted them, which for two writes in flight at once need not be
+    the order their responses come back in: a job's upsert beside an append's delete, two organizations' rounds.
+    Seeing the first accepted one processed says nothing of the other (it did, and a search right after a
+    conversation read "indexed" missed the newest message's vectors)."""
+    state: dict = {}
+    idx, rec, _ = vec_index(state, info_max_age=0, settle_seconds=30)
+    sync_route, held = rec.route, asyncio.Event()
+
+    async def route(req: httpx.Request) -> httpx.Response:
+        res = sync_route(req)  # accepted now, in arrival order: m1, then m2
+        if req.url.path.endswith("/upsert") and state["n"] == 1:
+            await held.wait()  # m1's response comes back after m2's
+        return res
+
+    rec.route = route
+    first = asyncio.create_task(idx.upsert(vectors(1)))
+    while state["n"] < 1:
+        await asyncio.sleep(0)
+    m2 = await idx.upsert(vectors(1))
+    held.set()
+    m1 = await first
+    assert (m1, m2) == ("m1", "m2")
+    state["processed"] = m1
+    assert await idx.searchable(m1) and not await idx.searchable(m2)
+    assert not await idx.searchable(m2, issued_at=time.time() - 5)
+    state["processed"] = m2
+    assert await idx.searchable(m1) and await idx.searchable(m2)
+    # a write sent after both responses came back: once it is processed, they are
+    m3 = await idx.upsert(vectors(1))
+    state["processed"] = m3
+    assert await idx.searchable(m3)
+    state["processed"] = None  # /info can lag behind what was already seen: seen processed stays processed
+    assert await idx.searchable(m1) and await idx.searchable(m2) and await idx.searchable(m3)
+
+
 async def test_searchable_for_ids_of_other_instances():
     state: dict = {}
     idx, _, _ = vec_index(state, info_max_age=0, settle_seconds=30)

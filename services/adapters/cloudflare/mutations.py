@@ -1,6 +1,7 @@
 """The order of Vectorize's mutation ids as this process saw them (``MutationLog``), to answer "is this write
-applied yet?" from ``processedUpToMutation``: ids this process issued are ordered by their issue; UUIDv7 ids by
-their value; opaque ids by time, once the index has visibly moved since the write and ``settle`` seconds have passed.
+applied yet?" from ``processedUpToMutation``: a write of this process whose response came back before another was
+sent is applied before it; other ids (writes in flight at once, another instance's) order by their value when they
+are UUIDv7s, else by time, once the index has visibly moved since the write and ``settle`` seconds have passed.
 
 ``AsyncWrites`` is that answer for an index adapter (over the REST API, ``vectorize``, or through the Worker,
 ``worker_vectors``): the mutations it issued, ``info()`` cached for ``info_max_age`` seconds and shared by concurrent
@@ -14,6 +15,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from services.ports import VectorIndexInfo, wait_searchable
 
@@ -23,54 +25,70 @@ _UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0
 
 
 class MutationLog:
-    """The order of the mutation ids this process received, and how far /info has been seen to reach."""
+    """What this process knows of the order in which the index applies mutations.
+
+    The index applies writes in the order it accepted them. A write whose response this process had received
+    before it sent another write was accepted first, so once the later one is applied, so is the earlier. Two
+    writes in flight at once (a job's upsert beside an append's delete, two organizations' rounds) may have
+    been accepted in either order, whatever order their responses came back in: for those the ids decide when
+    they are UUIDv7s, else time (``passed``). Each write is stamped with a tick of one clock when it is sent
+    (``sending``) and when its id comes back (``record``)."""
 
     def __init__(self, capacity: int = 200_000) -> None:
         self.capacity = capacity
-        self._seq = 0
-        self._ids: OrderedDict[str, tuple[int, float, str | None]] = OrderedDict()  # id -> (seq, wall, processed then)
-        self.done_seq = 0  # every mutation with seq <= done_seq is processed
+        self._clock = 0
+        #: id -> [tick sent, tick received, wall time received, what /info said was processed then, seen processed]
+        self._ids: OrderedDict[str, list[Any]] = OrderedDict()
+        self.done_tick = 0  # every mutation received before this tick is processed
         self.last_processed: str | None = None
 
-    def record(self, mutation_id: str) -> None:
+    def sending(self) -> int:
+        """The tick of a write about to be sent (pass it to ``record`` with the id its response carries)."""
+        self._clock += 1
+        return self._clock
+
+    def record(self, mutation_id: str, sent: int) -> None:
         if mutation_id in self._ids:
             return
-        self._seq += 1
-        self._ids[mutation_id] = (self._seq, time.time(), self.last_processed)
+        self._clock += 1
+        self._ids[mutation_id] = [sent, self._clock, time.time(), self.last_processed, False]
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
-    def seq(self, mutation_id: str) -> int | None:
-        hit = self._ids.get(mutation_id)
-        return hit[0] if hit else None
+    def applied(self, mutation_id: str) -> bool:
+        """Known to be applied from what /info has already said (no request)."""
+        mine = self._ids.get(mutation_id)
+        return mine is not None and (mine[4] or mine[1] < self.done_tick)
 
     def observe(self, processed: str | None) -> None:
         if processed is None:
             return
         self.last_processed = processed
-        s = self.seq(processed)
-        if s is not None and s > self.done_seq:
-            self.done_seq = s
+        theirs = self._ids.get(processed)
+        if theirs is not None:
+            theirs[4] = True
+            self.done_tick = max(self.done_tick, theirs[0])
 
     def passed(self, mutation_id: str, processed: str | None, *, issued_at: float | None, settle: float) -> bool:
-        if not mutation_id:
-            return True
-        mine = self._ids.get(mutation_id)
-        if mine is not None and mine[0] <= self.done_seq:
+        if not mutation_id or self.applied(mutation_id):
             return True
         if processed is None:
             return False
         if processed == mutation_id:
             return True
-        theirs = self.seq(processed)
+        mine, theirs = self._ids.get(mutation_id), self._ids.get(processed)
         if mine is not None and theirs is not None:
-            return theirs >= mine[0]
+            if mine[1] < theirs[0]:  # ours came back before theirs was sent: accepted, so applied, first
+                return True
+            if theirs[1] < mine[0]:  # theirs was accepted before ours was sent
+                return False
         a, b = mutation_id.lower(), processed.lower()
         if _UUID7.match(a) and _UUID7.match(b):
             return b >= a
-        # opaque ids we cannot order: trust time, once the index has visibly moved since the write
-        when = mine[1] if mine is not None else issued_at
-        seen_then = mine[2] if mine is not None else None
+        # opaque ids we cannot order (another instance's, or two writes in flight at once): trust time, once
+        # the index has visibly moved since the write
+        when = mine[2] if mine is not None else issued_at
+        seen_then = mine[3] if mine is not None else None
         if when is None:
             return False
         return processed != seen_then and time.time() - when >= settle
@@ -93,9 +111,10 @@ class AsyncWrites:
         self._info_lock = asyncio.Lock()
         self._info_cache: tuple[float, VectorIndexInfo] | None = None
 
-    def _record(self, mutation_id: str | None) -> None:
+    def _record(self, mutation_id: str | None, sent: int) -> None:
+        """A write's id, as its response gave it; ``sent``: ``self.mutations.sending()``, taken before it was sent."""
         if mutation_id:
-            self.mutations.record(mutation_id)
+            self.mutations.record(mutation_id, sent)
             self.last_mutation = mutation_id
             self._info_cache = None
 
@@ -119,8 +138,7 @@ class AsyncWrites:
         """Whether the index has applied ``mutation_id`` (and so every earlier write of this process)."""
         if not mutation_id:
             return True
-        seq = self.mutations.seq(mutation_id)
-        if seq is not None and seq <= self.mutations.done_seq:
+        if self.mutations.applied(mutation_id):
             return True
         info = await self._fresh_info()
         return self.mutations.passed(mutation_id, info.processed_up_to_mutation, issued_at=issued_at,

@@ -11,11 +11,12 @@ Writes
     one is processed, all of the call's are.
 
 Asynchronous writes
-    Every ``mutationId`` this process receives is recorded in order (``MutationLog``, in
-    ``services.adapters.cloudflare.mutations``). ``searchable(mutation_id)`` reads
-    ``/info`` (cached for ``info_max_age`` seconds, so many callers cost one request) and answers whether
-    ``processedUpToMutation`` has passed that mutation: equal to it, or a mutation this process issued later,
-    or — for ids of other instances / a previous run — a later UUIDv7 (ids of that version sort by time).
+    Every ``mutationId`` this process receives is recorded with when its request was sent and when its
+    response came (``MutationLog``, in ``services.adapters.cloudflare.mutations``). ``searchable(mutation_id)``
+    reads ``/info`` (cached for ``info_max_age`` seconds, so many callers cost one request) and answers whether
+    ``processedUpToMutation`` has passed that mutation: equal to it, or a mutation this process sent after this
+    one's response came back, or — for writes that were in flight together, ids of other instances or of a
+    previous run — a later UUIDv7 (ids of that version sort by time).
     Opaque foreign ids cannot be ordered; for those, ``issued_at`` (epoch seconds, e.g. stored by the
     worker) lets the answer become True once ``processedUpToMutation`` has moved and ``settle_seconds``
     have passed (Vectorize applies writes "typically within a few seconds"). ``wait_for(mutation_id,
@@ -298,13 +299,14 @@ class VectorizeIndex(AsyncWrites):
                 else:
                     report["present"].append(prop)
                 continue
+            sent = self.mutations.sending()
             res = await self.api.call(
                 "vectorize", "POST", f"{self._base}/metadata_index/create",
                 json={"propertyName": prop, "indexType": typ}, idempotent=False,
             )
             mid = (res or {}).get("mutationId")
             if mid:
-                self._record(mid)
+                self._record(mid, sent)
                 report["mutation_id"] = mid
             report["created"].append(prop)
         if report["mutation_id"] and wait:
@@ -331,15 +333,16 @@ class VectorizeIndex(AsyncWrites):
         await self.verify()
         mutation: str | None = None
         for chunk in _split_lines(lines, MAX_VECTORS_PER_WRITE, MAX_WRITE_BYTES):
+            sent = self.mutations.sending()
             res = await self.api.call(
                 "vectorize", "POST", f"{self._base}/upsert",
                 content=b"\n".join(chunk) + b"\n",
                 headers={"Content-Type": "application/x-ndjson"},
                 idempotent=True,
             )
-            mutation = (res or {}).get("mutationId") or mutation
-            if mutation:
-                self._record(mutation)
+            mid = (res or {}).get("mutationId")
+            mutation = mid or mutation
+            self._record(mid, sent)
         return mutation
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
@@ -347,13 +350,14 @@ class VectorizeIndex(AsyncWrites):
         ids = list(dict.fromkeys(i for i in ids if isinstance(i, str) and i))
         mutation: str | None = None
         for start in range(0, len(ids), DELETE_BATCH):
+            sent = self.mutations.sending()
             res = await self.api.call(
                 "vectorize", "POST", f"{self._base}/delete_by_ids",
                 json={"ids": ids[start : start + DELETE_BATCH]}, idempotent=True,
             )
-            mutation = (res or {}).get("mutationId") or mutation
-            if mutation:
-                self._record(mutation)
+            mid = (res or {}).get("mutationId")
+            mutation = mid or mutation
+            self._record(mid, sent)
         return mutation
 
     # -- reads ---------------------------------------------------------------------------------------

@@ -136,9 +136,10 @@ class WorkerVectorIndex(AsyncWrites):
         ops = [{"op": "vec.upsert", "index": self.name, "vectors": items[i:i + WRITE_BATCH]}
                for i in range(0, len(items), WRITE_BATCH)]
         mutation: str | None = None
+        sent = self.mutations.sending()
         for res in await self._send(ops):
             mutation = res.get("mutation_id") or mutation
-            self._record(res.get("mutation_id"))
+            self._record(res.get("mutation_id"), sent)
         return mutation
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
@@ -149,9 +150,10 @@ class WorkerVectorIndex(AsyncWrites):
         ops = [{"op": "vec.delete", "index": self.name, "ids": ids[i:i + WRITE_BATCH]}
                for i in range(0, len(ids), WRITE_BATCH)]
         mutation: str | None = None
+        sent = self.mutations.sending()
         for res in await self._send(ops):
             mutation = res.get("mutation_id") or mutation
-            self._record(res.get("mutation_id"))
+            self._record(res.get("mutation_id"), sent)
         return mutation
 
     # -- reads ---------------------------------------------------------------------------------------------------
