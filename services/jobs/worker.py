@@ -179,6 +179,7 @@ class JobWorker:
         self._retry_at: dict[str, list[int]] = {}
         self._pending_cache: tuple[float, int] | None = None
         self._scanned = False
+        self._scan_lock = asyncio.Lock()
         #: Organizations out of space (a full disk, a database at its size limit): why, and the jobs claimed
         #: but put back (uncounted) once a write goes through again. The others' jobs go on meanwhile.
         self._full: dict[str, tuple[str, list[Job]]] = {}
@@ -243,17 +244,25 @@ class JobWorker:
         self._scanned = True
         return found
 
+    async def scan_once(self) -> None:
+        """The start-up scan, once, by whoever needs it first: the loop, a drain, or ``/health`` (which, until
+        then, would count only the organizations a capture since the start has woken: 0 after a restart)."""
+        if self._scanned:
+            return
+        async with self._scan_lock:
+            if not self._scanned:
+                await self.scan()
+
     async def _loop(self) -> None:
         # Idle, the worker sleeps until a capture in this process wakes it, an organization's next retry is
         # due, or it is time to look at the work hints other processes leave in the control database (a CLI
         # import, another instance): every poll_seconds, doubling up to max_idle_seconds while nothing comes.
         # Mutation confirmation runs only while this process has written vectors not yet confirmed.
         IN_BACKGROUND.set(True)  # this task's own context: its calls (and its tasks') are background work
-        if not self._scanned:
-            try:
-                await self.scan()
-            except Exception:
-                log.exception("start-up job scan failed")
+        try:
+            await self.scan_once()
+        except Exception:
+            log.exception("start-up job scan failed")
         poll = self.poll_seconds
         next_hints = time.monotonic() + poll
         while not self._stopping:
@@ -640,8 +649,7 @@ class JobWorker:
             await self._drain(timeout)
 
     async def _drain(self, timeout: float) -> None:
-        if not self._scanned:
-            await self.scan()
+        await self.scan_once()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if await self.run_once() == 0:
@@ -659,6 +667,10 @@ class JobWorker:
         cached = self._pending_cache
         if cached is not None and time.monotonic() - cached[0] < 2.0:
             return cached[1]
+        try:
+            await self.scan_once()
+        except Exception:  # counted from what is known; the loop logs the scan's failure
+            log.warning("job scan for /health failed", exc_info=True)
         total = await self._count_pending()
         self._pending_cache = (time.monotonic(), total)
         return total
