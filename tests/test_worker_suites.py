@@ -3,9 +3,10 @@ tenancy suite (tests/test_tenancy_api.py), the conversations suite (tests/test_c
 tests), the organization lifecycle suite (tests/test_org_lifecycle.py: export, import, delete over HTTP), the
 isolation test (tests/test_isolation.py) and the bulk import suite (tests/test_bulk_import.py, over HTTP) once more,
 on the Worker backend: the same test functions, imported here, run against ``memex cloudflare dev``'s stack
-(``wrangler dev --local``: D1 and a SQLite Durable Object per organization; one stack for the module) with the service
-on ``MEMEX_BACKEND=worker``: ``live`` with the local MiniLM embedder (as the suites expect; its 384-dimensional
-vectors in an index of their own), ``hlive`` with the hash embedder (plumbing without the model's cost, in another).
+(``wrangler dev --local``: D1 and a SQLite Durable Object per organization) with the service on
+``MEMEX_BACKEND=worker``: ``live`` with the local MiniLM embedder (as the suites expect; its 384-dimensional vectors
+in an index of their own), ``hlive`` with the hash embedder (plumbing without the model's cost), each embedder on a
+stack of its own (see ``hstack``).
 Left out: the tests that name a backend's own settings or fixtures (health's sql/vectors, the CLI runs on a data
 directory, the rate-limit fixture) and the unit tests. The servers are tests/worker_live.py's ``WorkerLive``: it
 reads the stores through the Worker's protocol (an independent look at what the service stored: the control database,
@@ -133,9 +134,21 @@ def stack():
 
 
 @pytest.fixture(scope="module")
-def hlive(stack):
-    """conftest's ``hlive`` (the hash embedder: plumbing without the model's cost) on the Worker backend."""
-    with tempfile.TemporaryDirectory() as tmp, worker_live(stack, Path(tmp), embedder="hash") as server:
+def hstack():
+    """A stack of its own for the hash embedder's service. Instances that share a control database share its work
+    hints, and so each other's jobs: on one stack, the MiniLM service's worker embedded the hash service's chunks with
+    MiniLM (into the hash index the organization's route names), and the other way round. Those vectors mean nothing
+    to the other model's queries, so a search there found nothing, or ranked by noise (the flaky paraphrase, relative
+    date and contradiction tests). A deployment's instances share one embedder; two embedders need two deployments."""
+    with worker_stack() as dev:
+        yield dev
+
+
+@pytest.fixture(scope="module")
+def hlive(hstack):
+    """conftest's ``hlive`` (the hash embedder: plumbing without the model's cost) on the Worker backend, on a stack
+    of its own (``hstack``)."""
+    with tempfile.TemporaryDirectory() as tmp, worker_live(hstack, Path(tmp), embedder="hash") as server:
         yield server
 
 
