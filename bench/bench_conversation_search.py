@@ -101,14 +101,13 @@ async def measure(data: Path, n: int) -> None:
         summary: dict = {"queries": len(queries)}
         for name, v in t.items():
             v.sort()
-            print(f"{name:13s} p50 {statistics.median(v) * 1000:7.2f}  p90 {v[int(0.9 * len(v))] * 1000:7.2f}  "
-                  f"mean {statistics.mean(v) * 1000:7.2f} ms  (n={len(v)})")
-            summary[name] = {"p50": round(statistics.median(v) * 1000, 2), "p90": round(v[int(0.9 * len(v))] * 1000, 2),
-                             "mean": round(statistics.mean(v) * 1000, 2)}
+            p50, p90, mean = (round(x * 1000, 2) for x in (statistics.median(v), v[int(0.9 * len(v))], statistics.mean(v)))
+            print(f"{name:13s} p50 {p50:7.2f}  p90 {p90:7.2f}  mean {mean:7.2f} ms  (n={len(v)})")
+            summary[name] = {"p50": p50, "p90": p90, "mean": mean}
         summary["cpu_ms_per_search"] = round(cpu * 1000 / len(queries), 1)
         summary["load_avg"] = round(os.getloadavg()[0], 2)
-        print(f"CPU per search (search_first, all threads): {cpu * 1000 / len(queries):.1f} ms; "
-              f"load average {os.getloadavg()[0]:.2f}")
+        print(f"CPU per search (search_first, all threads): {summary['cpu_ms_per_search']} ms; "
+              f"load average {summary['load_avg']}")
         print(json.dumps(summary))
     finally:
         await memex.stop()

@@ -15,12 +15,13 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from services.ports import VectorIndexInfo, wait_searchable
 
 __all__ = ["MutationLog", "AsyncWrites"]
 
+T = TypeVar("T")
 _UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
@@ -96,7 +97,7 @@ class MutationLog:
 
 class AsyncWrites:
     """Asynchronously applied writes, for an index adapter that defines ``info()`` (which must call
-    ``self._fresh(info)`` with what it read) and calls ``_record`` with every mutation id it is given."""
+    ``self._fresh(info)`` with what it read) and sends every write through ``_write``."""
 
     info_max_age: float
     settle_seconds: float
@@ -111,12 +112,17 @@ class AsyncWrites:
         self._info_lock = asyncio.Lock()
         self._info_cache: tuple[float, VectorIndexInfo] | None = None
 
-    def _record(self, mutation_id: str | None, sent: int) -> None:
-        """A write's id, as its response gave it; ``sent``: ``self.mutations.sending()``, taken before it was sent."""
-        if mutation_id:
-            self.mutations.record(mutation_id, sent)
-            self.last_mutation = mutation_id
-            self._info_cache = None
+    async def _write(self, request: Awaitable[T], mutation_ids: Callable[[T], list[str | None]]) -> str | None:
+        """Send one write request (``request``: a coroutine not yet awaited, so the tick is taken before it is
+        sent) and record the mutation ids ``mutation_ids`` reads from its response; the last of them."""
+        sent = self.mutations.sending()
+        last: str | None = None
+        for mutation_id in mutation_ids(await request):
+            if mutation_id:
+                self.mutations.record(mutation_id, sent)
+                self.last_mutation = last = mutation_id
+                self._info_cache = None
+        return last
 
     def _fresh(self, info: VectorIndexInfo) -> VectorIndexInfo:
         """Remember what ``info()`` just read (and how far the index has been seen to reach)."""

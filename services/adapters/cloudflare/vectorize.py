@@ -111,6 +111,11 @@ class MetadataIndexReport(dict):
     """``{"present": [...], "created": [...], "wrong_type": {...}, "mutation_id": str | None}``"""
 
 
+def _mutation_id(response: Any) -> list[str | None]:
+    """The mutation id a REST write's result carries (``AsyncWrites._write``)."""
+    return [(response or {}).get("mutationId")]
+
+
 def _check_name(kind: str, value: Any, limit: int) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"vector {kind} must be a non-empty string")
@@ -299,14 +304,11 @@ class VectorizeIndex(AsyncWrites):
                 else:
                     report["present"].append(prop)
                 continue
-            sent = self.mutations.sending()
-            res = await self.api.call(
+            mid = await self._write(self.api.call(
                 "vectorize", "POST", f"{self._base}/metadata_index/create",
                 json={"propertyName": prop, "indexType": typ}, idempotent=False,
-            )
-            mid = (res or {}).get("mutationId")
+            ), _mutation_id)
             if mid:
-                self._record(mid, sent)
                 report["mutation_id"] = mid
             report["created"].append(prop)
         if report["mutation_id"] and wait:
@@ -333,16 +335,12 @@ class VectorizeIndex(AsyncWrites):
         await self.verify()
         mutation: str | None = None
         for chunk in _split_lines(lines, MAX_VECTORS_PER_WRITE, MAX_WRITE_BYTES):
-            sent = self.mutations.sending()
-            res = await self.api.call(
+            mutation = await self._write(self.api.call(
                 "vectorize", "POST", f"{self._base}/upsert",
                 content=b"\n".join(chunk) + b"\n",
                 headers={"Content-Type": "application/x-ndjson"},
                 idempotent=True,
-            )
-            mid = (res or {}).get("mutationId")
-            mutation = mid or mutation
-            self._record(mid, sent)
+            ), _mutation_id) or mutation
         return mutation
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
@@ -350,14 +348,10 @@ class VectorizeIndex(AsyncWrites):
         ids = list(dict.fromkeys(i for i in ids if isinstance(i, str) and i))
         mutation: str | None = None
         for start in range(0, len(ids), DELETE_BATCH):
-            sent = self.mutations.sending()
-            res = await self.api.call(
+            mutation = await self._write(self.api.call(
                 "vectorize", "POST", f"{self._base}/delete_by_ids",
                 json={"ids": ids[start : start + DELETE_BATCH]}, idempotent=True,
-            )
-            mid = (res or {}).get("mutationId")
-            mutation = mid or mutation
-            self._record(mid, sent)
+            ), _mutation_id) or mutation
         return mutation
 
     # -- reads ---------------------------------------------------------------------------------------

@@ -48,6 +48,11 @@ GET_BATCH = 100
 OPS_PER_REQUEST = 2
 
 
+def _mutation_ids(results: list[dict[str, Any]]) -> list[str | None]:
+    """The mutation ids of a request's ``vec.*`` write ops, in order (``AsyncWrites._write``)."""
+    return [r.get("mutation_id") for r in results]
+
+
 def _values(rows: np.ndarray) -> list[list[float]]:
     # 8 decimals: finer than float32 for unit vectors, and about half the JSON of a float's full repr
     return np.round(rows.astype(np.float64), 8).tolist()
@@ -135,12 +140,7 @@ class WorkerVectorIndex(AsyncWrites):
         await self.verify()
         ops = [{"op": "vec.upsert", "index": self.name, "vectors": items[i:i + WRITE_BATCH]}
                for i in range(0, len(items), WRITE_BATCH)]
-        mutation: str | None = None
-        sent = self.mutations.sending()
-        for res in await self._send(ops):
-            mutation = res.get("mutation_id") or mutation
-            self._record(res.get("mutation_id"), sent)
-        return mutation
+        return await self._write(self._send(ops), _mutation_ids)
 
     async def delete_by_ids(self, ids: Sequence[str]) -> str | None:
         """Delete by (index-global) id; unknown ids are ignored. The last mutation id."""
@@ -149,12 +149,7 @@ class WorkerVectorIndex(AsyncWrites):
             return None
         ops = [{"op": "vec.delete", "index": self.name, "ids": ids[i:i + WRITE_BATCH]}
                for i in range(0, len(ids), WRITE_BATCH)]
-        mutation: str | None = None
-        sent = self.mutations.sending()
-        for res in await self._send(ops):
-            mutation = res.get("mutation_id") or mutation
-            self._record(res.get("mutation_id"), sent)
-        return mutation
+        return await self._write(self._send(ops), _mutation_ids)
 
     # -- reads ---------------------------------------------------------------------------------------------------
 
