@@ -41,8 +41,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.server import server_options
 
     settings = settings_from(args)
-    base = settings.public_url or f"http://{args.host}:{args.port}"
     app = create_app(settings)
+    # log_config=None: uvicorn's own lines go through the service's logging (text, or JSON with MEMEX_LOG_FORMAT=json)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            log_config=None, **server_options())
+    # bound before the banner, so it names the port listened on (``--port 0``: the one the system picked) and a
+    # taken port fails here, before anything claims to listen
+    sock = config.bind_socket()
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    base = settings.public_url or f"http://{host}:{sock.getsockname()[1]}"
     print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, "
           f"data={settings.data_dir.resolve()})")
     print(f"  Console:      {base}/   (sign up, keys, thoughts, search, connect an agent)")
@@ -51,9 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "(exports MEMEX_URL, MEMEX_KEY, MEMEX_MCP_URL)")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
-    # log_config=None: uvicorn's own lines go through the service's logging (text, or JSON with MEMEX_LOG_FORMAT=json)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, log_config=None,
-                **server_options())
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
