@@ -21,12 +21,13 @@ from services.storage.convert_plan import ConversionError, quote
 from services.storage.migrate import ORG_DIR, apply_pending
 from services.storage.move_org import database_tables, move_database
 from tests.conftest import backend_live, signup
+from tests.test_org_lifecycle import settle
 
 
 @pytest.fixture(scope="module")
 def deployment():
     """A REST-backed deployment (D1 per organization on the emulator) with two organizations' thoughts,
-    conversations and a deleted thought's leftovers."""
+    conversations and a deleted thought's leftovers, settled (no job left, every vector write confirmed)."""
     with tempfile.TemporaryDirectory() as tmp, backend_live("cloudflare", Path(tmp)) as server:
         orgs = [signup(server, "move") for _ in range(2)]
         with server.client() as c:
@@ -45,6 +46,8 @@ def deployment():
                     {"role": "user", "content": f"Where does the heron of org {n} nest?"},
                     {"role": "assistant", "content": "By the quarry lake, under the willows."}]})
                 assert r.status_code in (200, 201), r.text
+        for org in orgs:  # the service quiet first: a move reads the source while its worker would still confirm
+            settle(server, org)  # vectors and embed the conversation, and the copy compares every row with it
         server.orgs = orgs
         yield server
 
