@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import sqlite3
+import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -217,6 +218,15 @@ def other_org(live) -> Org:
 def client(live):
     with live.client() as c:
         yield c
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a service a test started (SIGTERM: its clean shutdown; killed after 30 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict:

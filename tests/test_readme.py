@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import stop
 from tests.live import free_port
 from tests.mcp_client import mcp_session
 
@@ -166,11 +167,7 @@ def service(tmp_path_factory):
             time.sleep(0.1)
         yield url, home, {**env, "MEMEX_URL": url}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.conftest import stop
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,11 +42,7 @@ def test_serve_on_port_0_prints_the_port_it_listens_on(tmp_path):
                 time.sleep(0.1)
         assert r.status_code == 200, r.text
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def test_serve_on_a_taken_port_fails_without_claiming_to_listen(tmp_path):
