@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -33,6 +34,20 @@ def _cap_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
+def _listen_socket(host: str, port: int) -> socket.socket:
+    """The serving socket, bound before the banner: the banner then names the port listened on (``--port 0``: the
+    one the system picked), and a taken port fails here, before anything claims to listen. (uvicorn's
+    ``Config.bind_socket`` does the same but logs its own "running on" line ahead of the banner.)"""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -45,9 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # log_config=None: uvicorn's own lines go through the service's logging (text, or JSON with MEMEX_LOG_FORMAT=json)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             log_config=None, **server_options())
-    # bound before the banner, so it names the port listened on (``--port 0``: the one the system picked) and a
-    # taken port fails here, before anything claims to listen
-    sock = config.bind_socket()
+    sock = _listen_socket(args.host, args.port)
     host = f"[{args.host}]" if ":" in args.host else args.host
     base = settings.public_url or f"http://{host}:{sock.getsockname()[1]}"
     print(f"Memex listening on {base}  (sql={settings.sql}, vectors={settings.vectors}, embedder={settings.embedder}, "
