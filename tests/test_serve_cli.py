@@ -56,3 +56,31 @@ def test_serve_on_a_taken_port_fails_without_claiming_to_listen(tmp_path):
     assert proc.returncode != 0, proc.stdout
     assert "listening" not in proc.stdout
     assert "address already in use" in proc.stderr.lower(), proc.stderr[-2000:]
+
+
+def test_the_serving_socket_gets_tcp_nodelay_on_each_connection():
+    """The socket ``memex serve`` binds must let asyncio set TCP_NODELAY on every accepted connection (it does only for
+    a socket whose protocol is IPPROTO_TCP): without it each response waits on the client's delayed ACK."""
+    import asyncio
+
+    from api.cli import _listen_socket
+
+    async def go() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=_listen_socket("127.0.0.1", 0))
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                return await asyncio.wait_for(accepted, 10)
+            finally:
+                writer.close()
+
+    assert asyncio.run(go()) != 0
