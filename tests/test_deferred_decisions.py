@@ -295,3 +295,43 @@ async def test_a_thought_decided_again_after_a_failed_round_is_not_its_own_dupli
     detail = await t.get(new)  # still there: not moved to its own history
     assert detail.decision.action == "created" and detail.indexing.state == "indexed"
     assert (await t.get(old)).decision.action == "created"
+
+
+class _WorkerCommitsAfterFirstRead:
+    """The organization's real SQL, with the worker's round committing right after the first read a request makes:
+    the moment a request reading a thought in more than one statement would see two different states."""
+
+    def __init__(self, sql, commit) -> None:
+        self._sql, self._commit, self._fired = sql, commit, False
+
+    def __getattr__(self, name):
+        return getattr(self._sql, name)
+
+    async def _then_commit(self, result):
+        if not self._fired:
+            self._fired = True
+            await self._commit()
+        return result
+
+    async def one(self, *args, **kwargs):
+        return await self._then_commit(await self._sql.one(*args, **kwargs))
+
+    async def rows(self, *args, **kwargs):
+        return await self._then_commit(await self._sql.rows(*args, **kwargs))
+
+
+async def test_a_thought_read_as_indexed_always_shows_its_decision(make_env):
+    """The worker marks a thought's chunks indexed in the transaction that records its decision. A read of the
+    thought that the worker's commit lands in the middle of must still show one state: pending and not indexed, or
+    decided and indexed, never indexed with its decision pending (a client waiting for "indexed" then reads no
+    decision)."""
+    env = await make_env()
+    t = await env.thoughts()
+    env.emb.set(OLD, basis(0))
+    captured = await t.capture(OLD)
+    store = await env.stores.open("org_a")
+    racing = Thoughts(_WorkerCommitsAfterFirstRead(store.sql, env.drain), store.vectors, env.emb)
+    seen = await racing.get(captured.id)
+    assert (seen.indexing.state, seen.decision.action) in {("pending", "pending"), ("indexed", "created")}
+    after = await t.get(captured.id)  # the round did commit
+    assert (after.indexing.state, after.decision.action) == ("indexed", "created")

@@ -418,19 +418,21 @@ class Thoughts:
         return row
 
     async def get(self, doc_id: str) -> ThoughtDetail:
-        """One thought with its chunks. Fetching a thought by id is a deliberate use of it (ranking)."""
-        row = await self._row(doc_id)
+        """One thought with its chunks. Fetching a thought by id is a deliberate use of it (ranking).
+
+        The thought and its chunks come from one statement, so one snapshot: the worker marks a thought's chunks
+        indexed in the transaction that records its decision, and a thought read as indexed always shows its
+        decision (two reads could see the chunks after that transaction and the row before it)."""
+        row = await self.sql.one(
+            "SELECT d.*, (SELECT json_group_array(json_array(c.id, c.ordinal, c.content, c.token_count, "
+            "c.indexed_at IS NOT NULL AND c.vector_mutation IS NULL)) FROM (SELECT * FROM chunks "
+            "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2 ORDER BY ordinal) c) AS chunk_rows "
+            "FROM documents d WHERE d.organization_id = ?1 AND d.id = ?2", [doc_id])
+        if row is None:
+            raise NotFound("thought not found", details={"id": doc_id})
         self.on_use([doc_id], fetched=True)
-        chunk_rows = await self.sql.rows(
-            "SELECT id, ordinal, content, token_count, indexed_at, vector_mutation FROM chunks "
-            "WHERE organization_id = ?1 AND kind = 'thought' AND parent_id = ?2 ORDER BY ordinal",
-            [doc_id],
-        )
-        chunks = [
-            ChunkView(id=c["id"], ordinal=c["ordinal"], content=c["content"], token_count=c["token_count"],
-                      indexed=c["indexed_at"] is not None and c["vector_mutation"] is None)
-            for c in chunk_rows
-        ]
+        chunks = [ChunkView(id=c_id, ordinal=ordinal, content=content, token_count=tokens, indexed=bool(indexed))
+                  for c_id, ordinal, content, tokens, indexed in json.loads(row["chunk_rows"])]
         done = sum(c.indexed for c in chunks)
         base = thought_from_row(row)
         return ThoughtDetail(
