@@ -28,15 +28,18 @@ async def reindex_org(memex: Any, slug: str, *, show: bool | None = None, **kw: 
     backend = memex.backend
     kw.setdefault("state_dir", Path(memex.settings.data_dir) / "reindex")
     backend.patient()  # a long batch job: wait for budget slots instead of failing fast
-    store = await memex.stores.open(org.id)
+    store = await memex.stores.open(org.id, any_model=True)  # re-embedding into this model is what it is for
     with progress(None, f"reindex {slug}", "chunks", show=show) as bar:
 
         def moved(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        return await reindex(store.db, store.index, backend.embedder, org.id, list_ids=backend.id_lister(store.index),
-                             progress=moved, **kw)
+        result = await reindex(store.db, store.index, backend.embedder, org.id,
+                               list_ids=backend.id_lister(store.index), progress=moved, **kw)
+    if result.done >= result.total:  # every chunk now holds this model's vector: the organization is this model's
+        await memex.stores.adopt_model(org.id)
+    return result
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:

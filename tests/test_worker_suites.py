@@ -16,6 +16,7 @@ Skipped, with the reason, when Node or worker/node_modules is missing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -185,3 +186,74 @@ def kbt(stack):
 def test_malformed_bundles_are_refused_and_leave_the_organization_empty(hlive, caplog):
     with hlive.client() as c:  # (test_org_lifecycle's olive and http)
         _malformed_bundles(hlive, c, caplog)
+
+
+def _minilm_cosines(live, org, texts_by_chunk: dict[str, str]) -> dict[str, float]:
+    """Each stored vector of ``org`` against MiniLM's embedding of its chunk's text (1.0: MiniLM made it)."""
+    import asyncio
+
+    import numpy as np
+
+    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+
+    records = {r["id"].split(":", 1)[1]: r["values"] for r in live.vector_records(f"{org.id}:")}
+    ids = [cid for cid in texts_by_chunk if cid in records]
+    expected = asyncio.run(OnnxMiniLMEmbedder().embed([texts_by_chunk[cid] for cid in ids]))
+    return {cid: float(np.dot(np.asarray(records[cid], dtype=np.float32), expected[i])) for i, cid in enumerate(ids)}
+
+
+def test_an_instance_of_another_embedding_model_leaves_an_organization_alone(live, monkeypatch, tmp_path):
+    """Instances of two embedding models on one deployment (two deployments sharing a control plane, a rolling deploy
+    that changed MEMEX_EMBEDDER). Each organization records the model its vectors are made with: an instance of
+    another model answers 503 embedding_model_mismatch and changes nothing, its job worker leaves the organization's
+    jobs to the right instances (every vector stays the recorded model's), and `memex reindex --org` run with the new
+    model's settings moves the organization to that model, after which the old instances refuse it."""
+    import os
+    import subprocess
+    import sys
+
+    import services.storage.stores as stores_module
+    from tests.conftest import assert_error
+    from tests.worker_live import INDEXES, worker_live
+
+    monkeypatch.setattr(stores_module, "MODEL_RECHECK_SECONDS", 0.0, raising=False)  # each request reads the record
+    mine = signup(live, "minilm")
+    first_text = "The tide tables for the harbour are posted on the blue board beside the ferry ramp."
+    with live.client() as c:
+        first = c.post("/v1/thoughts", json={"content": first_text}, headers=mine.headers).json()
+    live.wait_indexed(mine.headers, first["id"])
+    with worker_live(live.stack, tmp_path / "hash", embedder="hash") as other:
+        theirs = signup(other, "hashmodel")
+        with other.client() as c:
+            before = live.sql("SELECT id, content, decision FROM documents", org=mine.id)
+            assert_error(c.get(f"/v1/thoughts/{first['id']}", headers=mine.headers), 503, "embedding_model_mismatch")
+            assert_error(c.post("/v1/thoughts", json={"content": "a note from the wrong model"}, headers=mine.headers),
+                         503, "embedding_model_mismatch")
+            assert live.sql("SELECT id, content, decision FROM documents", org=mine.id) == before  # nothing changed
+            assert c.get("/v1/thoughts", headers=theirs.headers).status_code == 200
+        with live.client() as c:  # and the other way round
+            assert_error(c.get("/v1/thoughts", headers=theirs.headers), 503, "embedding_model_mismatch")
+            texts = [f"Harbour note {i}: the {w} ferry leaves at {7 + i} from the north pier, weather permitting."
+                     for i, w in enumerate(["early", "second", "noon", "late", "night", "last"])]
+            made = [c.post("/v1/thoughts", json={"content": t}, headers=mine.headers).json()["id"] for t in texts]
+        for tid in made:  # both workers saw the work hints of these captures: only live's may embed them
+            assert live.wait_indexed(mine.headers, tid)["indexing"]["state"] == "indexed"
+        chunks = {row[0]: row[1] for row in live.sql("SELECT id, content FROM chunks WHERE organization_id = ?",
+                                                     (mine.id,), org=mine.id)}
+        cosines = _minilm_cosines(live, mine, chunks)
+        assert len(cosines) == len(chunks) == 1 + len(texts)
+        assert min(cosines.values()) > 0.99, cosines
+
+        env = {**os.environ, "MEMEX_BACKEND": "worker", "MEMEX_WORKER_URL": live.stack.url,
+               "MEMEX_WORKER_SECRET": live.stack.secret, "CLOUDFLARE_VECTORIZE_INDEX": INDEXES["hash"],
+               "MEMEX_EMBEDDER": "hash"}
+        done = subprocess.run([sys.executable, "-m", "api.cli", "reindex", "--org", mine.slug, "--json",
+                               "--data-dir", str(tmp_path / "reindex")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout)["chunks"] == len(chunks)
+        with other.client() as c:  # the organization is the hash model's now
+            got = c.get(f"/v1/thoughts/{first['id']}", headers=mine.headers)
+            assert got.status_code == 200 and got.json()["content"] == first_text
+        with live.client() as c:
+            assert_error(c.get(f"/v1/thoughts/{first['id']}", headers=mine.headers), 503, "embedding_model_mismatch")

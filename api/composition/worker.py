@@ -90,7 +90,7 @@ def stores(settings: Any, client: WorkerClient, control_db: SqlDatabase, embedde
         await check_org_schema(client)
 
     return WorkerOrgStores(control_db, open_database=open_database, open_index=open_index,
-                           index_name=index_name(settings), schema_check=schema_check)
+                           index_name=index_name(settings), schema_check=schema_check, model=embedder_.model_id)
 
 
 def _number(name: str) -> int:

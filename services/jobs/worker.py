@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.background import IN_BACKGROUND, background
-from services.errors import InsufficientStorage, NotFound
+from services.errors import EmbeddingModelMismatch, InsufficientStorage, NotFound
 from services.ids import now_ms
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
@@ -203,6 +203,13 @@ class JobWorker:
         self._probe_at = 0.0  # a write just went through somewhere: try the paused organizations again
         self._wake.set()
 
+    def _forsake(self, org_id: str) -> None:
+        """An organization whose vectors are another embedding model's: its jobs are left, unclaimed, to the instances
+        of that model (embedded with this one, its vectors would mean nothing to its searches)."""
+        if self._due.pop(org_id, None) is not None:
+            log.info("leaving the jobs of %s to the instances of its embedding model", org_id)
+        self._unconfirmed.discard(org_id)
+
     def _unconfirm(self, org_id: str) -> None:
         self._unconfirmed.add(org_id)
         self._written[org_id] = self._written.get(org_id, 0) + 1
@@ -239,6 +246,8 @@ class JobWorker:
                     found += 1
                 if self._async_index and row is not None and row["unconfirmed"]:
                     self._unconfirmed.add(org_id)
+            except EmbeddingModelMismatch:  # another model's organization: its instances run its jobs
+                continue
             except Exception:
                 log.warning("scanning %s for jobs failed", org_id, exc_info=True)
         self._scanned = True
@@ -415,6 +424,9 @@ class JobWorker:
                         jobs = await self.claim(org_id)
                 except NotFound:  # the organization was deleted
                     self._due.pop(org_id, None)
+                    continue
+                except EmbeddingModelMismatch:  # another model's organization (a work hint brought it): not ours
+                    self._forsake(org_id)
                     continue
                 except InsufficientStorage as exc:
                     self._pause(org_id, exc, [])
@@ -616,7 +628,7 @@ class JobWorker:
         written = self._written.get(org_id, 0)
         try:
             store = await self.stores.open(org_id)
-        except NotFound:
+        except (NotFound, EmbeddingModelMismatch):
             self._unconfirmed.discard(org_id)
             return 0
         index = store.index
@@ -681,7 +693,7 @@ class JobWorker:
             try:
                 row = await (await self.stores.open(org_id)).sql.one(
                     "SELECT COUNT(*) AS n FROM jobs WHERE organization_id = ?1 AND state = 'pending'")
-            except NotFound:
+            except (NotFound, EmbeddingModelMismatch):
                 continue
             total += row["n"] if row else 0
         return total

@@ -26,12 +26,13 @@ from abc import ABC, abstractmethod
 import logging
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.errors import NotFound
+from services.errors import EmbeddingModelMismatch, NotFound
 from services.ids import now_ms
 from services.storage.migrate import ORG_DIR, applied, apply_pending, discover
 from services.ports import SqlDatabase, Statement, VectorIndex
@@ -91,12 +92,18 @@ class RoutingTable:
         return rows[0] if rows else None
 
     def insert(self, org_id: str, backend: str, location: str, *, account: str | None = None,
-               vector_index: str | None = None) -> Statement:
+               vector_index: str | None = None, embedding_model: str | None = None) -> Statement:
         return Statement(
             "INSERT INTO org_databases (organization_id, backend, location, account, vector_index, schema_version, "
-            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (org_id, backend, location, account, vector_index, _latest(), now_ms()),
+            "embedding_model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (org_id, backend, location, account, vector_index, _latest(), embedding_model, now_ms()),
         )
+
+    async def record_model(self, org_id: str, model: str, *, only_unset: bool = False) -> None:
+        """The embedding model the organization's vectors are made with (``only_unset``: unless one is recorded)."""
+        await self.control.execute(
+            "UPDATE org_databases SET embedding_model = ? WHERE organization_id = ?"
+            + (" AND embedding_model IS NULL" if only_unset else ""), (model, org_id))
 
     async def record_version(self, org_id: str, version: str | None) -> None:
         await self.control.execute("UPDATE org_databases SET schema_version = ? WHERE organization_id = ?",
@@ -111,6 +118,11 @@ class RoutingTable:
 
     async def all(self) -> list[dict[str, Any]]:
         return (await self.control.execute("SELECT * FROM org_databases ORDER BY created_at")).rows
+
+
+#: How long an organization's recorded embedding model is trusted before it is read again: an instance of the old
+#: model refuses an organization within this long of its reindex into a new one.
+MODEL_RECHECK_SECONDS = 30.0
 
 
 def _latest() -> str | None:
@@ -130,7 +142,9 @@ class OrgStores(Protocol):
 
     async def discard(self, org_id: str) -> None: ...
 
-    async def open(self, org_id: str) -> OrgStore: ...
+    async def open(self, org_id: str, *, any_model: bool = False) -> OrgStore: ...
+
+    async def adopt_model(self, org_id: str) -> None: ...
 
     async def drop(self, org_id: str) -> None: ...
 
@@ -145,37 +159,91 @@ class _BaseStores(ABC):
     """What both backends share: the store cache, first-open migrations and status."""
 
     backend = "?"
+    #: The embedding model this process makes vectors with, when the stores check each organization's recorded one
+    #: (``org_databases.embedding_model``): the Worker backend, whose index does not expose its description. None:
+    #: not checked here (the embedded vector file and Vectorize's description over REST record the model).
+    model: str | None = None
 
     def __init__(self, control: SqlDatabase) -> None:
         self.control = control
         self.routing = RoutingTable(control)
         self._stores: dict[str, OrgStore] = {}
         self._opening: dict[str, asyncio.Lock] = {}
+        #: organization -> (its recorded embedding model, when to read the record again: time.monotonic())
+        self._models: dict[str, tuple[str, float]] = {}
 
     @abstractmethod
     async def _make(self, org_id: str, route: dict[str, Any]) -> OrgStore:
         """The store of a routed organization (its database and index handles, not yet migrated here)."""
 
-    async def open(self, org_id: str) -> OrgStore:
+    async def open(self, org_id: str, *, any_model: bool = False) -> OrgStore:
+        """The organization's store, migrated. With ``model`` set, an organization whose recorded embedding model
+        is another raises ``EmbeddingModelMismatch`` (``any_model``: opened anyway, for ``memex reindex``)."""
         store = self._stores.get(org_id)
-        if store is not None and store.migrated:
+        if store is not None and store.migrated and self._model_fresh(org_id):
+            self._refuse_foreign(org_id, any_model)
             return store
         lock = self._opening.setdefault(org_id, asyncio.Lock())
         async with lock:
             store = self._stores.get(org_id)
+            route = None
             if store is None:
                 route = await self.routing.get(valid_org_id(org_id))
                 if route is None:
                     raise NotFound("organization not found")
                 store = await self._make(org_id, route)
                 self._stores[org_id] = store
+            if not self._model_fresh(org_id):
+                route = route or await self.routing.get(org_id)
+                if route is None:  # deleted by another process since it was opened here
+                    self._forget(org_id)
+                    raise NotFound("organization not found")
+                await self._learn_model(org_id, route)
             if not store.migrated:
                 ran = await apply_pending(store.db, ORG_DIR)
                 if ran:
                     log.info("organization %s: applied %s", org_id, ", ".join(ran))
                     await self.routing.record_version(org_id, ran[-1])
                 store.migrated = True
+        self._refuse_foreign(org_id, any_model)
         return store
+
+    def _model_fresh(self, org_id: str) -> bool:
+        if self.model is None:
+            return True
+        seen = self._models.get(org_id)
+        return seen is not None and time.monotonic() < seen[1]
+
+    async def _learn_model(self, org_id: str, route: dict[str, Any]) -> None:
+        """Read (at most every ``MODEL_RECHECK_SECONDS``) the model the routing row records; a row from before the
+        record existed takes this process's model (the first instance to open it decides)."""
+        model = self.model
+        if model is None:
+            return
+        recorded = route.get("embedding_model")
+        if recorded is None:
+            await self.routing.record_model(org_id, model, only_unset=True)
+            fresh = await self.routing.get(org_id)
+            recorded = (fresh or {}).get("embedding_model") or model
+        self._models[org_id] = (str(recorded), time.monotonic() + MODEL_RECHECK_SECONDS)
+
+    def _refuse_foreign(self, org_id: str, any_model: bool) -> None:
+        if self.model is None or any_model:
+            return
+        recorded = self._models[org_id][0]
+        if recorded != self.model:
+            raise EmbeddingModelMismatch(
+                f"this organization's vectors were made with the embedding model {recorded}; this instance embeds with "
+                f"{self.model}: serve it from instances of {recorded}, or re-embed it by running `memex reindex --org "
+                "SLUG` with this instance's settings",
+                details={"recorded_model": recorded, "model": self.model})
+
+    async def adopt_model(self, org_id: str) -> None:
+        """After ``memex reindex`` re-embedded every chunk of the organization with this process's model: record it
+        (instances of the old model refuse the organization from their next check on)."""
+        if self.model is not None:
+            await self.routing.record_model(org_id, self.model)
+            self._models[org_id] = (self.model, time.monotonic() + MODEL_RECHECK_SECONDS)
 
     async def org_ids(self) -> list[str]:
         return await self.routing.org_ids()
@@ -194,6 +262,7 @@ class _BaseStores(ABC):
 
     def _forget(self, org_id: str) -> OrgStore | None:
         self._opening.pop(org_id, None)
+        self._models.pop(org_id, None)
         return self._stores.pop(org_id, None)
 
 

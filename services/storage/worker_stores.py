@@ -42,11 +42,14 @@ class WorkerOrgStores(_BaseStores):
 
     def __init__(self, control: SqlDatabase, *, open_database: Callable[[str], SqlDatabase],
                  open_index: Callable[[str], VectorIndex], index_name: str,
-                 schema_check: Callable[[], Awaitable[None]] | None = None) -> None:
+                 schema_check: Callable[[], Awaitable[None]] | None = None, model: str | None = None) -> None:
         """``open_database("org:<id>")`` and ``open_index(name)`` make the Worker adapters (the composition root
         chooses them); ``schema_check()``, awaited before the first organization is opened, raises when the Worker
-        bundles older org migrations than this service needs (its Durable Objects would lack tables)."""
+        bundles older org migrations than this service needs (its Durable Objects would lack tables); ``model``:
+        the embedder's model id, recorded for each new organization and checked on each one opened (``_BaseStores``:
+        the index shared by every organization holds one model's vectors per organization)."""
         super().__init__(control)
+        self.model = model
         self.open_database = open_database
         self.open_index = open_index
         self.index_name = index_name
@@ -55,13 +58,13 @@ class WorkerOrgStores(_BaseStores):
         self._schema_lock = asyncio.Lock()
         self._indexes: dict[str, VectorIndex] = {}
 
-    async def open(self, org_id: str) -> OrgStore:
+    async def open(self, org_id: str, *, any_model: bool = False) -> OrgStore:
         if not self._schema_checked and self.schema_check is not None:
             async with self._schema_lock:
                 if not self._schema_checked:
                     await self.schema_check()
                     self._schema_checked = True
-        return await super().open(org_id)
+        return await super().open(org_id, any_model=any_model)
 
     def index(self, name: str | None) -> VectorIndex:
         name = name or self.index_name
@@ -78,7 +81,8 @@ class WorkerOrgStores(_BaseStores):
 
     async def provision(self, org_id: str) -> Statement:
         """No request: the routing row only (the Durable Object comes into being on first use)."""
-        return self.routing.insert(org_id, self.backend, location_of(org_id), vector_index=self.index_name)
+        return self.routing.insert(org_id, self.backend, location_of(org_id), vector_index=self.index_name,
+                                   embedding_model=self.model)
 
     async def discard(self, org_id: str) -> None:
         """Nothing to undo: provisioning made no request, and a sign-up that lost its race wrote nothing in the
