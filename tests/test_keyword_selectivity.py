@@ -16,8 +16,10 @@ def small_thresholds(monkeypatch):
     monkeypatch.setattr(selective_module, "COMMON_MIN_ROWS", 3)
     monkeypatch.setattr(selective_module, "COMMON_SHARE", 0.3)
     selective_module._COMMON.clear()
+    selective_module._COUNTS.clear()
     yield
     selective_module._COMMON.clear()
+    selective_module._COUNTS.clear()
 
 
 def _capture(live, org, texts: list[str]) -> dict[str, str]:
@@ -55,3 +57,48 @@ def test_a_common_word_is_left_out_counted_in_the_organizations_own_rows(live, s
     # only common words: they are kept, so the query still matches by keyword
     got = _keyword_scored(live, crowded, "zephyrine fleet")
     assert any(got.get(i) is not None for i in common)
+
+
+def _keyword_hits(live, org, query: str) -> dict[str, float]:
+    return {i: s for i, s in _keyword_scored(live, org, query).items() if s is not None}
+
+
+def test_a_query_of_common_words_only_ranks_the_rows_of_its_rarest_word_as_the_full_match_would(
+        live, small_thresholds, monkeypatch):
+    """When every word of a query is common, the keyword side matches the rows holding the rarest of them and another
+    (bm25 then scores a few thousand rows at 100k chunks, not most of them), scored by every word as before: the
+    keyword hits are those of the full match. When too few rows hold the rarest word, the full match runs."""
+    import services.search.search as search_module
+
+    monkeypatch.setattr(search_module, "KEYWORD_DEPTH", 3)  # the keyword side keeps its best 3
+    org = signup(live, "anchored")
+    _capture(live, org, [f"Alpha beta review number {i} of the quarter." for i in range(4)]
+             + [f"Alpha rollout step {i} went fine." for i in range(5)] + ["Gamma unrelated grocery list."])
+
+    def full_match(o, query: str) -> dict[str, float]:
+        """The keyword hits with no word common (every row holding any word ranked)."""
+        with monkeypatch.context() as m:
+            m.setattr(selective_module, "COMMON_MIN_ROWS", 10**9)
+            selective_module._COMMON.clear()
+            hits = _keyword_hits(live, o, query)
+        selective_module._COMMON.clear()
+        selective_module._COUNTS.clear()
+        return hits
+
+    full = full_match(org, "alpha beta")
+    assert len(full) == 3
+    first = _keyword_hits(live, org, "alpha beta")  # counted in the statement: both common, anchored on "beta"
+    again = _keyword_hits(live, org, "alpha beta")  # the counts remembered: anchored without counting
+    for got in (first, again):
+        assert got.keys() == full.keys() and all(got[i] == pytest.approx(full[i]) for i in full)
+    assert selective_module._COUNTS[(org.id, "documents_fts", "beta")][0] == 4
+    assert selective_module._COUNTS[(org.id, "documents_fts", "alpha")][0] == 9
+
+    few = signup(live, "fallback")  # "lambda" is common (4 of 12 rows) but only 2 rows hold it and "kappa"
+    _capture(live, few, [f"Kappa lambda pair {i}." for i in range(2)] + [f"Kappa alone {i}, kappa again." for i in range(6)]
+             + [f"Lambda alone {i}." for i in range(2)] + [f"Other note {i}." for i in range(2)])
+    full = full_match(few, "kappa lambda")
+    first = _keyword_hits(live, few, "kappa lambda")
+    again = _keyword_hits(live, few, "kappa lambda")
+    for got in (first, again):
+        assert len(full) == 3 and got.keys() == full.keys() and all(got[i] == pytest.approx(full[i]) for i in full)

@@ -228,14 +228,17 @@ class Search:
         selective: list[Selective] = []
         if words and "thought" in kinds:
             match = Selective(self.sql.org_id, "documents_fts", words)
+            await match.anchor(self.sql)
             statements.append(self._keyword_documents(match, parent_id, width,
                                                       hydrator.hydrate_columns if hydrator is not None else None))
             selective.append(match)
         others = [k for k in kinds if k != "thought"]
         if words and others:
             match = Selective(self.sql.org_id, "chunks_fts", words)
+            await match.anchor(self.sql)
             statements.append(self._keyword_chunks(match, others, parent_id, width, window))
             selective.append(match)
+        vector_rows: list[dict[str, Any]] = []
         if hydrator is None:
             results = [await self.sql.rows(sql, params) for sql, params in statements]
             rows_ahead = None
@@ -245,7 +248,19 @@ class Search:
             batch.append(hydrator.hydrate_statement(self.sql, pairs))
             done = await self.sql.batch(batch)
             results = [r.rows for r in done[:-1]]
-            rows_ahead = done[-1].rows + (results[0] if "thought" in kinds and words else [])
+            vector_rows = done[-1].rows
+            rows_ahead = vector_rows + (results[0] if "thought" in kinds and words else [])
+        for i, match in enumerate(selective):
+            if match.anchored_in(results[i]) and len(results[i]) < width:  # too few hold the rarest word: all rank
+                match.learn(results[i])
+                match.unanchor()
+                documents = match.key[1] == "documents_fts"
+                sql, params = (self._keyword_documents(match, parent_id, width, hydrator.hydrate_columns
+                                                       if hydrator is not None else None) if documents
+                               else self._keyword_chunks(match, others, parent_id, width, window))
+                results[i] = await self.sql.rows(sql, params)
+                if rows_ahead is not None and documents:  # the hits' hydration came with them: take the new ones'
+                    rows_ahead = vector_rows + results[i]
         out: list[KeywordRow] = []
         for match, rows in zip(selective, results, strict=True):
             match.learn(rows)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.search.fusion import fts_phrases
 
 __all__ = ["COMMON_CACHE", "COMMON_MIN_ROWS", "COMMON_SHARE", "COMMON_TTL", "Selective", "all_common", "remember"]
+
+if TYPE_CHECKING:
+    from services.storage.scoped import OrgSql
 
 #: The keyword side leaves out a query word found in more than this share of the searched rows (and in at
 #: least COMMON_MIN_ROWS of them) when a rarer word remains (``Selective``).
@@ -21,6 +24,9 @@ COMMON_MIN_ROWS = 2000
 COMMON_TTL = 300.0
 COMMON_CACHE = 50_000
 _COMMON: OrderedDict[tuple[str, str, str], tuple[bool, float]] = OrderedDict()
+#: How many rows hold each common word (organization, table, word) -> (rows, when counted): the anchor of a query
+#: whose words are all common is its rarest (``Selective.anchor``). Kept as long and as many as the verdicts.
+_COUNTS: OrderedDict[tuple[str, str, str], tuple[int, float]] = OrderedDict()
 
 
 class Selective:
@@ -41,26 +47,82 @@ class Selective:
     words are a materialized CTE (``prefix``) that the MATCH and the returned column both read: written out twice,
     the counts would run twice (the whole keyword statement, 5 words over 134k chunks: 24.1 against 20.3 ms)."""
 
-    __slots__ = ("key", "words", "prefix", "operand", "param", "column", "now")
+    __slots__ = ("key", "words", "prefix", "operand", "param", "column", "now", "all_common", "anchored")
 
-    def __init__(self, org_id: str, table: str, words: list[str]) -> None:
+    def __init__(self, org_id: str, table: str, words: list[str], *, anchor: bool = True) -> None:
+        """``anchor``: a query of common words only is anchored on its rarest (``anchor``); False (the write-time
+        decisions' gate, which skips such queries once their words are known): all of them are matched, and the
+        counts stop at the threshold."""
         self.key, self.words, self.now = (org_id, table), words, time.monotonic()
         self.prefix = self.column = ""
+        #: every word known to be common (``anchor`` may then narrow the match); the match is anchored
+        self.all_common = self.anchored = False
         verdicts = [_verdict(org_id, table, w, self.now) for w in words]
         if len(words) == 1 or all(v is not None for v in verdicts):
             rare = [w for w, v in zip(words, verdicts, strict=True) if not v]
             self.operand, self.param = "?2", fts_phrases(rare or words)
+            self.all_common = anchor and len(words) > 1 and not rare
             return
         cap = (f"(SELECT max({COMMON_MIN_ROWS}, CAST(COALESCE(max(rowid), 0) * {COMMON_SHARE} AS INTEGER)) "
                f"FROM {table})")
-        self.prefix = (
-            "WITH selective(m, none_rare) AS MATERIALIZED (SELECT COALESCE(group_concat(j.value, ' OR '), "
-            "(SELECT group_concat(value, ' OR ') FROM json_each(?2))), COUNT(*) = 0 FROM json_each(?2) AS j "
-            f"WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value LIMIT {cap})) < {cap}) "
-        )
         self.operand = "(SELECT m FROM selective)"
         self.param = json.dumps([f'"{w}"' for w in words])
         self.column = f"{self.operand} AS selective_match, (SELECT none_rare FROM selective) AS selective_none_rare, "
+        if not anchor:
+            self.prefix = (
+                "WITH selective(m, none_rare) AS MATERIALIZED (SELECT COALESCE(group_concat(j.value, ' OR '), "
+                "(SELECT group_concat(value, ' OR ') FROM json_each(?2))), COUNT(*) = 0 FROM json_each(?2) AS j "
+                f"WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value LIMIT {cap})) < {cap}) "
+            )
+            return
+        # each word's rows counted (whole: ranking common words needs their counts), then the rare words ORed, or,
+        # when none is rare, the anchored match of ``anchor``: the rarest word AND (the others ORed)
+        self.column += "(SELECT counts FROM selective) AS selective_counts, "
+        self.prefix = (
+            f"WITH counted(w, n) AS MATERIALIZED (SELECT j.value, (SELECT COUNT(*) FROM {table} WHERE {table} MATCH "
+            "j.value) FROM json_each(?2) AS j), "
+            "selective(m, none_rare, counts) AS MATERIALIZED (SELECT CASE "
+            f"WHEN EXISTS (SELECT 1 FROM counted WHERE n < {cap}) "
+            f"THEN (SELECT group_concat(w, ' OR ') FROM counted WHERE n < {cap}) "
+            "ELSE (SELECT w FROM counted ORDER BY n, w LIMIT 1) || ' AND (' || (SELECT group_concat(w, ' OR ') FROM "
+            "(SELECT w FROM counted ORDER BY n, w LIMIT -1 OFFSET 1)) || ')' END, "
+            f"NOT EXISTS (SELECT 1 FROM counted WHERE n < {cap}), (SELECT json_group_object(w, n) FROM counted)) "
+        )
+
+    async def anchor(self, sql: OrgSql) -> None:
+        """When every word is known to be common, match the rows holding the rarest of them and at least one other
+        (``"rarest" AND ("w2" OR "w3" ...)``), still scored by all of them: bm25 then ranks the rows of the rarest
+        word (a few thousand) rather than every row holding any of the words (most of the table), and the ranking
+        of those rows is the same, each word being one phrase of the query as before. A row without the rarest word
+        could outscore one with it, so this is measured, not proved: on bench_search_scale's 101,230 chunks, all 28
+        of 100 queries whose words were all common had the same top 100 as the full match, at a third of its time
+        (bench/README.md). The words' row counts are one statement the first time (kept ``COMMON_TTL``).
+        ``unanchor`` goes back to the full match (the caller's fallback when the anchored one returns too few)."""
+        if not self.all_common:
+            return
+        org_id, table = self.key
+        counts = {w: _count(org_id, table, w, self.now) for w in self.words}
+        missing = [w for w, n in counts.items() if n is None]
+        if missing:
+            rows = await sql.rows(
+                f"SELECT j.value AS w, (SELECT COUNT(*) FROM {table} WHERE {table} MATCH '\"' || j.value || '\"') AS n "
+                "FROM json_each(?2) AS j", [json.dumps(missing)])
+            for r in rows:
+                counts[r["w"]] = int(r["n"])
+                _remember_count(self.key, r["w"], int(r["n"]), self.now)
+        order = sorted(self.words, key=lambda w: (counts.get(w) or 0, w))
+        self.param = f'"{order[0]}" AND ({fts_phrases(order[1:])})'
+        self.anchored = True
+
+    def anchored_in(self, rows: list[dict[str, Any]]) -> bool:
+        """Whether ``rows`` came from an anchored match (``anchor``, or the statement's own counts finding every
+        word common)."""
+        return self.anchored or bool(self.column and rows and rows[0].get("selective_none_rare"))
+
+    def unanchor(self) -> None:
+        """Back to the full match of every word (the statement's counts, if it ran them, learnt first)."""
+        self.prefix = self.column = ""
+        self.operand, self.param, self.anchored = "?2", fts_phrases(self.words), False
 
     def learn(self, rows: list[dict[str, Any]]) -> None:
         """Remember the verdicts the statement's ``selective_match`` column tells: kept words are rare, the others
@@ -76,6 +138,19 @@ def all_common(org_id: str, table: str, words: list[str]) -> bool:
     return bool(words) and all(_verdict(org_id, table, w, now) for w in words)
 
 
+def _count(org_id: str, table: str, word: str, now: float) -> int | None:
+    v = _COUNTS.get((org_id, table, word))
+    return v[0] if v is not None and now - v[1] < COMMON_TTL else None
+
+
+def _remember_count(key: tuple[str, str], word: str, n: int, now: float) -> None:
+    k = (*key, word)
+    _COUNTS[k] = (n, now)
+    _COUNTS.move_to_end(k)
+    while len(_COUNTS) > COMMON_CACHE:
+        _COUNTS.popitem(last=False)
+
+
 def _verdict(org_id: str, table: str, word: str, now: float) -> bool | None:
     """Whether ``word`` is common in the organization's ``table``, as remembered; None when unknown or stale."""
     v = _COMMON.get((org_id, table, word))
@@ -87,11 +162,13 @@ def remember(key: tuple[str, str], words: list[str], rows: list[dict[str, Any]],
     without a ``selective_match`` column (the verdicts were known) teach nothing."""
     if not rows or "selective_match" not in rows[0]:
         return
+    now = time.monotonic() if now is None else now
+    for quoted, n in json.loads(rows[0].get("selective_counts") or "{}").items():
+        _remember_count(key, quoted.strip('"'), int(n), now)
     kept = set(str(rows[0].get("selective_match") or "").split(" OR "))
     none_rare = bool(rows[0].get("selective_none_rare"))
     if all(f'"{w}"' in kept for w in words) and not none_rare:  # all rare
         return
-    now = time.monotonic() if now is None else now
     for w in words:
         k = (*key, w)
         _COMMON[k] = (none_rare or f'"{w}"' not in kept, now)

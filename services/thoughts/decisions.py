@@ -124,7 +124,7 @@ def _gate_statement(org_id: str, probe: list[str], before_id: str | None = None)
     the organization's chunks hold (``Selective``, as the search's keyword side does): a thought close enough to
     matter shares the new text's rarer words too, and FTS5 ranks every row a MATCH finds, so one common word made
     this lookup read most of a large organization (160 ms a thought at 100,000 chunks; bench/README.md)."""
-    match = Selective(org_id, "chunks_fts", probe)
+    match = Selective(org_id, "chunks_fts", probe, anchor=False)
     sql = (
         f"{match.prefix}SELECT {match.column}c.parent_id, c.content, "
         "(c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL) AS pending "
