@@ -142,9 +142,11 @@ class OnnxMiniLMEmbedder:
         model_path: str | os.PathLike[str] | None = None,
         tokenizer_json: str | None = None,
         intra_op_num_threads: int | None = None,
-        # 8, not 32: a 32 x 256-token batch peaks at ~780 MB of activations (the attention matrices), 8 at
-        # ~190 MB, with the same chunks per second on 2 cores (bench/README.md, Soak).
-        batch_size: int = 8,
+        # 1: one text per model run, no padding, and the activations of one row (~25 MB) stay in the caches. On
+        # 2 cores, SciFact chunks sorted by length, 64 texts per call: 50-52 chunks/s against 44 for runs of 8 (a
+        # 32-row run peaked at ~780 MB of activations; bench/README.md, Soak). The vectors are the same whatever
+        # the batch (cosine >= 0.9999998: each row is quantized on its own).
+        batch_size: int = 1,
         query_cache_size: int = 1024,
     ) -> None:
         if batch_size < 1:
