@@ -224,20 +224,22 @@ class Search:
         hydration too (``hydrate_columns``); the second value is then those rows (else None)."""
         words = query_terms(query)
         hydrator, vector = prefetch if prefetch is not None else (None, [])
-        statements: list[tuple[str, list[Any]]] = []
+        others = [k for k in kinds if k != "thought"]
+
+        def statement(match: Selective) -> tuple[str, list[Any]]:
+            if match.key[1] == "documents_fts":
+                return self._keyword_documents(match, parent_id, width,
+                                               hydrator.hydrate_columns if hydrator is not None else None)
+            return self._keyword_chunks(match, others, parent_id, width, window)
+
         selective: list[Selective] = []
         if words and "thought" in kinds:
-            match = Selective(self.sql.org_id, "documents_fts", words)
-            await match.anchor(self.sql)
-            statements.append(self._keyword_documents(match, parent_id, width,
-                                                      hydrator.hydrate_columns if hydrator is not None else None))
-            selective.append(match)
-        others = [k for k in kinds if k != "thought"]
+            selective.append(Selective(self.sql.org_id, "documents_fts", words))
         if words and others:
-            match = Selective(self.sql.org_id, "chunks_fts", words)
+            selective.append(Selective(self.sql.org_id, "chunks_fts", words))
+        for match in selective:
             await match.anchor(self.sql)
-            statements.append(self._keyword_chunks(match, others, parent_id, width, window))
-            selective.append(match)
+        statements = [statement(match) for match in selective]
         vector_rows: list[dict[str, Any]] = []
         if hydrator is None:
             results = [await self.sql.rows(sql, params) for sql, params in statements]
@@ -254,12 +256,8 @@ class Search:
             if match.anchored_in(results[i]) and len(results[i]) < width:  # too few hold the rarest word: all rank
                 match.learn(results[i])
                 match.unanchor()
-                documents = match.key[1] == "documents_fts"
-                sql, params = (self._keyword_documents(match, parent_id, width, hydrator.hydrate_columns
-                                                       if hydrator is not None else None) if documents
-                               else self._keyword_chunks(match, others, parent_id, width, window))
-                results[i] = await self.sql.rows(sql, params)
-                if rows_ahead is not None and documents:  # the hits' hydration came with them: take the new ones'
+                results[i] = await self.sql.rows(*statement(match))
+                if rows_ahead is not None and match.key[1] == "documents_fts":  # hits came hydrated: take the new ones
                     rows_ahead = vector_rows + results[i]
         out: list[KeywordRow] = []
         for match, rows in zip(selective, results, strict=True):

@@ -138,23 +138,32 @@ def all_common(org_id: str, table: str, words: list[str]) -> bool:
     return bool(words) and all(_verdict(org_id, table, w, now) for w in words)
 
 
-def _count(org_id: str, table: str, word: str, now: float) -> int | None:
-    v = _COUNTS.get((org_id, table, word))
+def _fresh(cache: OrderedDict[tuple[str, str, str], tuple[Any, float]], key: tuple[str, str, str], now: float) -> Any:
+    """What ``cache`` remembers for ``key``; None when unknown or older than ``COMMON_TTL``."""
+    v = cache.get(key)
     return v[0] if v is not None and now - v[1] < COMMON_TTL else None
 
 
+def _put(cache: OrderedDict[tuple[str, str, str], tuple[Any, float]], key: tuple[str, str, str], value: Any,
+         now: float) -> None:
+    """Remember ``value`` for ``key`` (most recent last), keeping at most ``COMMON_CACHE`` keys."""
+    cache[key] = (value, now)
+    cache.move_to_end(key)
+    while len(cache) > COMMON_CACHE:
+        cache.popitem(last=False)
+
+
+def _count(org_id: str, table: str, word: str, now: float) -> int | None:
+    return _fresh(_COUNTS, (org_id, table, word), now)
+
+
 def _remember_count(key: tuple[str, str], word: str, n: int, now: float) -> None:
-    k = (*key, word)
-    _COUNTS[k] = (n, now)
-    _COUNTS.move_to_end(k)
-    while len(_COUNTS) > COMMON_CACHE:
-        _COUNTS.popitem(last=False)
+    _put(_COUNTS, (*key, word), n, now)
 
 
 def _verdict(org_id: str, table: str, word: str, now: float) -> bool | None:
     """Whether ``word`` is common in the organization's ``table``, as remembered; None when unknown or stale."""
-    v = _COMMON.get((org_id, table, word))
-    return v[0] if v is not None and now - v[1] < COMMON_TTL else None
+    return _fresh(_COMMON, (org_id, table, word), now)
 
 
 def remember(key: tuple[str, str], words: list[str], rows: list[dict[str, Any]], now: float | None = None) -> None:
@@ -170,8 +179,4 @@ def remember(key: tuple[str, str], words: list[str], rows: list[dict[str, Any]],
     if all(f'"{w}"' in kept for w in words) and not none_rare:  # all rare
         return
     for w in words:
-        k = (*key, w)
-        _COMMON[k] = (none_rare or f'"{w}"' not in kept, now)
-        _COMMON.move_to_end(k)
-    while len(_COMMON) > COMMON_CACHE:
-        _COMMON.popitem(last=False)
+        _put(_COMMON, (*key, w), none_rare or f'"{w}"' not in kept, now)
