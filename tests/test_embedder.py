@@ -124,6 +124,31 @@ async def test_batches_keep_input_order_and_match_single_embeddings(minilm, monk
     assert list(np.argmax(batched @ singles.T, axis=1)) == list(range(len(texts)))
 
 
+async def test_the_session_options_leave_the_models_vectors_unchanged(minilm):
+    # The session is tuned for speed and memory (graph optimisations, memory patterns): a user's vectors must
+    # still be the model's own. Reference: the same file run as it is, every graph optimisation off, mean-pooled.
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from services.adapters.onnx_embedder import default_model_path
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = ort.InferenceSession(str(default_model_path()), sess_options=options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_str(load_tokenizer_json())
+    tokenizer.enable_truncation(256)
+    tokenizer.no_padding()
+    # lengths from a few tokens to past the window, each a new input shape, twice (a shape seen before)
+    texts = [words_text(n, seed=n) for n in (3, 40, 41, 120, 300)] * 2
+    got = await minilm.embed(texts)
+    for text, vector in zip(texts, got, strict=True):
+        ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        feeds = {k: v for k, v in feeds.items() if k in {i.name for i in plain.get_inputs()}}
+        (hidden,) = plain.run(["last_hidden_state"], feeds)
+        assert cos(vector, hidden[0].mean(axis=0)) > 0.9999
+
+
 async def test_embed_query_matches_embed_and_caches(minilm):
     query = "what did we decide about the retention policy?"
     first = await minilm.embed_query(query)

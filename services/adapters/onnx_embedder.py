@@ -220,7 +220,15 @@ class OnnxMiniLMEmbedder:
             options.intra_op_num_threads = self.intra_op_num_threads
             options.inter_op_num_threads = 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # Basic graph optimisations, and no memory patterns. Both measured on 2 cores, one SciFact abstract a
+            # run (the default), vectors unchanged (cosine >= 0.9999997 against ENABLE_ALL with patterns):
+            # * a memory pattern is planned and kept per input shape, and with one text a run nearly every length
+            #   is a new shape: off, 400 abstracts ran at 39-43 texts/s against 32-35, and RSS after them was
+            #   ~250 MB against 380-410;
+            # * ENABLE_ALL's extra fusions were slower here than the basic level (41-42 against 44-48 texts/s
+            #   with patterns off; a query 3.1-3.3 ms against 3.5-3.8). bench/README.md, "ONNX session options".
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.enable_mem_pattern = False
             # Do not leave worker threads spinning after a run: on a 2-core box they would steal
             # the CPU from the web server between embeddings.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
