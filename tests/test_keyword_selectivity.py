@@ -102,3 +102,20 @@ def test_a_query_of_common_words_only_ranks_the_rows_of_its_rarest_word_as_the_f
     again = _keyword_hits(live, few, "kappa lambda")
     for got in (first, again):
         assert len(full) == 3 and got.keys() == full.keys() and all(got[i] == pytest.approx(full[i]) for i in full)
+
+
+def test_a_query_word_no_row_holds_leaves_the_keyword_side_to_the_words_rows_do_hold(live, small_thresholds):
+    """A word no row holds (a typo, a name never captured) scores nothing. Counted as rare, it was the whole match,
+    and the keyword side found nothing for "alpha quarter zzyzxq" in an organization full of alpha and quarter;
+    now it is left out, whether the counts run in the statement (first time) or come from the remembered verdicts
+    (again), with one common word or several held besides it."""
+    org = signup(live, "absent-word")
+    alpha = _capture(live, org, [f"Alpha quarter review number {i}." for i in range(4)])
+    _capture(live, org, ["Gamma grocery list."])
+    for query in ("alpha zzyzxq", "alpha quarter zzyzxq", "zzyzxq alpha quarter qqxyzzy"):
+        for attempt in ("first", "again"):
+            got = _keyword_hits(live, org, query)
+            assert set(got) == set(alpha), (query, attempt, got)
+    # no word held at all: nothing by keyword, and no error
+    assert _keyword_hits(live, org, "zzyzxq qqxyzzy") == {}
+    assert _keyword_hits(live, org, "zzyzxq qqxyzzy") == {}

@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from services.storage.scoped import OrgSql
 
 #: The keyword side leaves out a query word found in more than this share of the searched rows (and in at
-#: least COMMON_MIN_ROWS of them) when a rarer word remains (``Selective``).
+#: least COMMON_MIN_ROWS of them) when a rarer word remains (``Selective``), and a word no row holds.
 COMMON_SHARE = 0.05
 COMMON_MIN_ROWS = 2000
-#: Whether a word is common changes slowly: the verdict is kept per (organization, table, word) this long
-#: (seconds), for the COMMON_CACHE most recently used words of the process.
+#: Whether a word is common changes slowly: the verdict (True: left out, common or held by no row; False: rare)
+#: is kept per (organization, table, word) this long (seconds), for the COMMON_CACHE most recently used words of
+#: the process.
 COMMON_TTL = 300.0
 COMMON_CACHE = 50_000
 _COMMON: OrderedDict[tuple[str, str, str], tuple[bool, float]] = OrderedDict()
@@ -32,9 +33,11 @@ _COUNTS: OrderedDict[tuple[str, str, str], tuple[int, float]] = OrderedDict()
 class Selective:
     """The FTS5 MATCH operand of a query's words (quoted, ORed) without its common ones: a word found in at least
     ``COMMON_SHARE`` of ``table``'s rows (and in at least ``COMMON_MIN_ROWS``) is left out when a rarer word
-    remains. FTS5 scores every row a query matches before it sorts them, so the keyword side costs in proportion
-    to the rows matched; a common word ("my", "time", "after" in 100k messages) matches most of them and, with an
-    IDF under ln(1 + 1 / COMMON_SHARE), moves the ranking little (BM25 alone on SciFact: nDCG@10 68.66 -> 68.62;
+    remains. A word no row holds is left out too: it adds nothing to any row's score, and counted as rare it would
+    be the whole match, so that one absent word (a typo, a name never captured) emptied the keyword side. FTS5
+    scores every row a query matches before it sorts them, so the keyword side costs in proportion to the rows
+    matched; a common word ("my", "time", "after" in 100k messages) matches most of them and, with an IDF under
+    ln(1 + 1 / COMMON_SHARE), moves the ranking little (BM25 alone on SciFact: nDCG@10 68.66 -> 68.62;
     bench/README.md).
 
     The words' counts run inside the keyword statement itself (a subquery as the MATCH operand: no extra round
@@ -72,32 +75,41 @@ class Selective:
             self.prefix = (
                 "WITH selective(m, none_rare) AS MATERIALIZED (SELECT COALESCE(group_concat(j.value, ' OR '), "
                 "(SELECT group_concat(value, ' OR ') FROM json_each(?2))), COUNT(*) = 0 FROM json_each(?2) AS j "
-                f"WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value LIMIT {cap})) < {cap}) "
+                f"WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH j.value LIMIT {cap})) "
+                f"BETWEEN 1 AND {cap} - 1) "
             )
             return
         # each word's rows counted (whole: ranking common words needs their counts), then the rare words ORed, or,
-        # when none is rare, the anchored match of ``anchor``: the rarest word AND (the others ORed)
-        self.column += "(SELECT counts FROM selective) AS selective_counts, "
+        # when none is rare, the anchored match of ``anchor``: the rarest word AND (the others ORed). Words no row
+        # holds are left out (they score nothing); one word held: that word; none: all of them (nothing matches).
+        self.column += ("(SELECT anchored FROM selective) AS selective_anchored, "
+                        "(SELECT counts FROM selective) AS selective_counts, ")
         self.prefix = (
             f"WITH counted(w, n) AS MATERIALIZED (SELECT j.value, (SELECT COUNT(*) FROM {table} WHERE {table} MATCH "
             "j.value) FROM json_each(?2) AS j), "
-            "selective(m, none_rare, counts) AS MATERIALIZED (SELECT CASE "
-            f"WHEN EXISTS (SELECT 1 FROM counted WHERE n < {cap}) "
-            f"THEN (SELECT group_concat(w, ' OR ') FROM counted WHERE n < {cap}) "
-            "ELSE (SELECT w FROM counted ORDER BY n, w LIMIT 1) || ' AND (' || (SELECT group_concat(w, ' OR ') FROM "
-            "(SELECT w FROM counted ORDER BY n, w LIMIT -1 OFFSET 1)) || ')' END, "
-            f"NOT EXISTS (SELECT 1 FROM counted WHERE n < {cap}), (SELECT json_group_object(w, n) FROM counted)) "
+            "held(w, n) AS MATERIALIZED (SELECT w, n FROM counted WHERE n > 0), "
+            "selective(m, none_rare, anchored, counts) AS MATERIALIZED (SELECT CASE "
+            f"WHEN EXISTS (SELECT 1 FROM held WHERE n < {cap}) "
+            f"THEN (SELECT group_concat(w, ' OR ') FROM held WHERE n < {cap}) "
+            "WHEN (SELECT COUNT(*) FROM held) < 2 THEN COALESCE((SELECT w FROM held), "
+            "(SELECT group_concat(w, ' OR ') FROM counted)) "
+            "ELSE (SELECT w FROM held ORDER BY n, w LIMIT 1) || ' AND (' || (SELECT group_concat(w, ' OR ') FROM "
+            "(SELECT w FROM held ORDER BY n, w LIMIT -1 OFFSET 1)) || ')' END, "
+            f"NOT EXISTS (SELECT 1 FROM held WHERE n < {cap}), "
+            f"(SELECT COUNT(*) FROM held) >= 2 AND NOT EXISTS (SELECT 1 FROM held WHERE n < {cap}), "
+            "(SELECT json_group_object(w, n) FROM counted)) "
         )
 
     async def anchor(self, sql: OrgSql) -> None:
-        """When every word is known to be common, match the rows holding the rarest of them and at least one other
-        (``"rarest" AND ("w2" OR "w3" ...)``), still scored by all of them: bm25 then ranks the rows of the rarest
-        word (a few thousand) rather than every row holding any of the words (most of the table), and the ranking
-        of those rows is the same, each word being one phrase of the query as before. A row without the rarest word
-        could outscore one with it, so this is measured, not proved: on bench_search_scale's 101,230 chunks, all 28
-        of 100 queries whose words were all common had the same top 100 as the full match, at a third of its time
-        (bench/README.md). The words' row counts are one statement the first time (kept ``COMMON_TTL``).
-        ``unanchor`` goes back to the full match (the caller's fallback when the anchored one returns too few)."""
+        """When every word is known to be left out, match the rows holding the rarest held word and at least one
+        other held one (``"rarest" AND ("w2" OR "w3" ...)``; words no row holds score nothing and are dropped),
+        scored by all of them: bm25 then ranks the rows of the rarest word (a few thousand) rather than every row
+        holding any of the words (most of the table), and the ranking of those rows is the same, each word being one
+        phrase of the query as before. A row without the rarest word could outscore one with it, so this is
+        measured, not proved: on bench_search_scale's 101,230 chunks, all 28 of 100 queries whose words were all
+        common had the same top 100 as the full match, at a third of its time (bench/README.md). The words' row
+        counts are one statement the first time (kept ``COMMON_TTL``). ``unanchor`` goes back to the full match
+        (the caller's fallback when the anchored one returns too few)."""
         if not self.all_common:
             return
         org_id, table = self.key
@@ -110,14 +122,17 @@ class Selective:
             for r in rows:
                 counts[r["w"]] = int(r["n"])
                 _remember_count(self.key, r["w"], int(r["n"]), self.now)
-        order = sorted(self.words, key=lambda w: (counts.get(w) or 0, w))
-        self.param = f'"{order[0]}" AND ({fts_phrases(order[1:])})'
+        held = sorted((w for w in self.words if counts.get(w)), key=lambda w: (counts[w], w))
+        if len(held) < 2:  # a word no row holds scores nothing: the one word held, else all (nothing matches)
+            self.param = fts_phrases(held or self.words)
+            return
+        self.param = f'"{held[0]}" AND ({fts_phrases(held[1:])})'
         self.anchored = True
 
     def anchored_in(self, rows: list[dict[str, Any]]) -> bool:
         """Whether ``rows`` came from an anchored match (``anchor``, or the statement's own counts finding every
-        word common)."""
-        return self.anchored or bool(self.column and rows and rows[0].get("selective_none_rare"))
+        word held common, two or more of them)."""
+        return self.anchored or bool(self.column and rows and rows[0].get("selective_anchored"))
 
     def unanchor(self) -> None:
         """Back to the full match of every word (the statement's counts, if it ran them, learnt first)."""
@@ -126,14 +141,16 @@ class Selective:
 
     def learn(self, rows: list[dict[str, Any]]) -> None:
         """Remember the verdicts the statement's ``selective_match`` column tells: kept words are rare, the others
-        common; when none is rare (all kept for want of a rarer one), all are common."""
+        left out (common, or held by no row); when none is rare (common words kept for want of a rarer one), all
+        are left out."""
         if self.column:
             remember(self.key, self.words, rows, self.now)
 
 
 def all_common(org_id: str, table: str, words: list[str]) -> bool:
-    """Whether every one of ``words`` is known (fresh) to be common in the organization's ``table``: a MATCH of
-    them reads a large share of its rows whatever ``Selective`` does."""
+    """Whether every one of ``words`` is known (fresh) to be left out in the organization's ``table`` (common, or
+    held by no row): a MATCH of them reads a large share of its rows, or finds nothing, whatever ``Selective``
+    does."""
     now = time.monotonic()
     return bool(words) and all(_verdict(org_id, table, w, now) for w in words)
 
@@ -162,7 +179,8 @@ def _remember_count(key: tuple[str, str], word: str, n: int, now: float) -> None
 
 
 def _verdict(org_id: str, table: str, word: str, now: float) -> bool | None:
-    """Whether ``word`` is common in the organization's ``table``, as remembered; None when unknown or stale."""
+    """Whether ``word`` is left out in the organization's ``table`` (common, or held by no row), as remembered;
+    None when unknown or stale."""
     return _fresh(_COMMON, (org_id, table, word), now)
 
 
@@ -176,7 +194,5 @@ def remember(key: tuple[str, str], words: list[str], rows: list[dict[str, Any]],
         _remember_count(key, quoted.strip('"'), int(n), now)
     kept = set(str(rows[0].get("selective_match") or "").split(" OR "))
     none_rare = bool(rows[0].get("selective_none_rare"))
-    if all(f'"{w}"' in kept for w in words) and not none_rare:  # all rare
-        return
-    for w in words:
+    for w in words:  # all rare too: a query of rare words then skips the counts next time
         _put(_COMMON, (*key, w), none_rare or f'"{w}"' not in kept, now)
