@@ -88,16 +88,15 @@ class Selective:
             f"WITH counted(w, n) AS MATERIALIZED (SELECT j.value, (SELECT COUNT(*) FROM {table} WHERE {table} MATCH "
             "j.value) FROM json_each(?2) AS j), "
             "held(w, n) AS MATERIALIZED (SELECT w, n FROM counted WHERE n > 0), "
+            f"rare(w) AS MATERIALIZED (SELECT w FROM held WHERE n < {cap}), "
+            "shape(none_rare, anchored) AS MATERIALIZED (SELECT NOT EXISTS (SELECT 1 FROM rare), "
+            "NOT EXISTS (SELECT 1 FROM rare) AND (SELECT COUNT(*) FROM held) >= 2), "
             "selective(m, none_rare, anchored, counts) AS MATERIALIZED (SELECT CASE "
-            f"WHEN EXISTS (SELECT 1 FROM held WHERE n < {cap}) "
-            f"THEN (SELECT group_concat(w, ' OR ') FROM held WHERE n < {cap}) "
-            "WHEN (SELECT COUNT(*) FROM held) < 2 THEN COALESCE((SELECT w FROM held), "
-            "(SELECT group_concat(w, ' OR ') FROM counted)) "
+            "WHEN NOT none_rare THEN (SELECT group_concat(w, ' OR ') FROM rare) "
+            "WHEN NOT anchored THEN COALESCE((SELECT w FROM held), (SELECT group_concat(w, ' OR ') FROM counted)) "
             "ELSE (SELECT w FROM held ORDER BY n, w LIMIT 1) || ' AND (' || (SELECT group_concat(w, ' OR ') FROM "
             "(SELECT w FROM held ORDER BY n, w LIMIT -1 OFFSET 1)) || ')' END, "
-            f"NOT EXISTS (SELECT 1 FROM held WHERE n < {cap}), "
-            f"(SELECT COUNT(*) FROM held) >= 2 AND NOT EXISTS (SELECT 1 FROM held WHERE n < {cap}), "
-            "(SELECT json_group_object(w, n) FROM counted)) "
+            "none_rare, anchored, (SELECT json_group_object(w, n) FROM counted) FROM shape) "
         )
 
     async def anchor(self, sql: OrgSql) -> None:
