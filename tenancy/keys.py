@@ -7,6 +7,9 @@
   so timing does not tell which ids exist.
 * argon2 costs tens of ms a verify, so a success is cached in process for at most ``cache_seconds`` (<= 60)
   under an HMAC of the raw key (a per-process secret: the cache never holds a raw key).
+* Each argon2 run holds 19 MiB. Concurrent requests presenting the same uncached key share one verification (the
+  4 clients of an import that start together ran four: +80 MB of peak RSS, 3 wasted runs), and at most one run
+  per core is in flight, so a burst of distinct keys (or of guesses) queues instead of holding 19 MiB each.
 * Revocation reaches every process within a second, whatever path revoked: triggers (migration 0010) append a
   row to ``key_revocations`` for every key revoked, re-scoped or deleted and every organization suspended; a
   cache hit older than ``revocation_check_seconds`` (0.5 s) since the last look first reads the rows past the
@@ -19,9 +22,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import time
@@ -119,6 +124,10 @@ class KeyManager:
         self._by_key: dict[str, set[bytes]] = {}
         self._last_used: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Verifications running, by the HMAC of the raw key: concurrent requests with that key await the same one.
+        self._inflight: dict[bytes, asyncio.Task[VerifiedKey | None]] = {}
+        #: argon2 runs in flight at once (each holds 19 MiB; more than one a core only adds memory, not speed).
+        self._argon2_slots = asyncio.Semaphore(max(1, os.cpu_count() or 1))
 
     def for_org(self, org_id: str) -> "OrgKeys":
         return OrgKeys(self, OrgSql(self.db, org_id))
@@ -134,7 +143,8 @@ class KeyManager:
             raise InvalidInput("expires_at must be in the future (epoch ms)", details={"field": "expires_at"})
         hex_id = secrets.token_hex(8)
         raw = f"mx_{hex_id}_{secrets.token_urlsafe(32)}"
-        key_hash = await asyncio.to_thread(_hasher.hash, raw)
+        async with self._argon2_slots:
+            key_hash = await asyncio.to_thread(_hasher.hash, raw)
         record = KeyRecord(f"key_{hex_id}", org_id, name, raw[:24] + "…", scopes, now_ms(), expires_at, None, None)
         stmt = Statement(
             "INSERT INTO api_keys (id, organization_id, name, prefix, key_hash, scopes, created_at, expires_at) "
@@ -159,6 +169,21 @@ class KeyManager:
             if vk.expires_at is None or vk.expires_at > now_ms():
                 self._touch(vk.key_id)
                 return vk
+        task = self._inflight.get(ck)
+        if task is None:
+            task = asyncio.ensure_future(self._verify_uncached(raw, ck, now_mono))
+            self._inflight[ck] = task
+            task.add_done_callback(functools.partial(self._verified, ck))
+        # shield: a request that goes away (its client disconnected) does not cancel the others' verification
+        return await asyncio.shield(task)
+
+    def _verified(self, ck: bytes, task: asyncio.Task[VerifiedKey | None]) -> None:
+        if self._inflight.get(ck) is task:
+            del self._inflight[ck]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every waiter may have gone away
+
+    async def _verify_uncached(self, raw: str, ck: bytes, now_mono: float) -> VerifiedKey | None:
         key_id = parse_raw_key(raw)
         row = None
         if key_id:
@@ -171,7 +196,8 @@ class KeyManager:
                 )
             ).rows
             row = rows[0] if rows else None
-        ok = await asyncio.to_thread(_verify_hash, row["key_hash"] if row else _DUMMY_HASH, raw)
+        async with self._argon2_slots:
+            ok = await asyncio.to_thread(_verify_hash, row["key_hash"] if row else _DUMMY_HASH, raw)
         if not (ok and row):
             return None
         if row["revoked_at"] is not None or row["org_status"] != "active":
