@@ -19,21 +19,6 @@ from api.settings import Settings
 __all__ = ["main"]
 
 
-def _cap_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives each thread that allocates its own malloc arena (up to 8 x cores) and rarely returns their
-    memory; the embedder's and the SQL adapter's worker threads made ~300 MB of such slack under a soak
-    (bench/bench_soak.py with MALLOC_ARENA_MAX=2: 850-950 MB instead of 1.1-1.3 GB). Same as that variable, set
-    before the threads start; a no-op off glibc or when the operator set MALLOC_ARENA_MAX."""
-    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 def _listen_socket(host: str, port: int) -> socket.socket:
     """The serving socket, bound before the banner: the banner then names the port listened on (``--port 0``: the
     one the system picked), and a taken port fails here, before anything claims to listen. (uvicorn's
@@ -53,7 +38,9 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    _cap_malloc_arenas()
+    from api.heap import HeapTrimmer, cap_malloc_arenas
+
+    cap_malloc_arenas()
     from api.app import create_app
     from api.server import server_options
 
@@ -73,7 +60,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "(exports MEMEX_URL, MEMEX_KEY, MEMEX_MCP_URL)")
     print(f"  MCP endpoint: {base}/orgs/<slug>/mcp  (Authorization: Bearer <key>)")
     sys.stdout.flush()
-    uvicorn.Server(config).run(sockets=[sock])
+    trimmer = HeapTrimmer().start()
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        trimmer.stop()
     return 0
 
 
