@@ -403,3 +403,42 @@ def test_hash_embedder_count_tokens():
     assert embedder.count_tokens("") == 0
     assert embedder.count_tokens("Hello, world!") == 4
     assert embedder.count_tokens("one two  three\nfour") == 4
+
+
+async def test_the_optimised_model_is_saved_once_and_gives_the_same_vectors(tmp_path, minilm):
+    # The basic-level graph, saved on the first start and loaded with optimisations off on the next: a lower
+    # start-up memory peak, and the user's vectors must not move.
+    texts = [words_text(n, seed=n) for n in (3, 41, 300)]
+    reference = await minilm.embed(texts)
+    cache = tmp_path / "cache"
+    first = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
+    got_first = await first.embed(texts)
+    saved = list(cache.iterdir())
+    assert len(saved) == 1 and saved[0].name.startswith("minilm-") and saved[0].name.endswith("-basic.onnx")
+    stamp = saved[0].stat().st_mtime_ns
+    second = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
+    got_second = await second.embed(texts)
+    assert [p.name for p in cache.iterdir()] == [saved[0].name]  # read, not written again (no temporary left)
+    assert saved[0].stat().st_mtime_ns == stamp
+    for got in (got_first, got_second):
+        for a, b in zip(got, reference, strict=True):
+            assert cos(a, b) > 0.99999
+
+
+async def test_a_damaged_optimised_model_is_replaced(tmp_path, minilm):
+    cache = tmp_path / "cache"
+    OnnxMiniLMEmbedder(optimized_cache_dir=cache).warm_up()
+    (saved,) = cache.iterdir()
+    saved.write_bytes(b"not a model")
+    healed = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
+    text = words_text(50, seed=5)
+    assert cos((await healed.embed([text]))[0], (await minilm.embed([text]))[0]) > 0.99999
+    assert saved.stat().st_size > 1_000_000  # optimised and saved again
+
+
+async def test_an_unwritable_cache_directory_still_serves(tmp_path, minilm):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the directory would go")
+    embedder = OnnxMiniLMEmbedder(optimized_cache_dir=blocker)
+    text = words_text(20, seed=2)
+    assert cos((await embedder.embed([text]))[0], (await minilm.embed([text]))[0]) > 0.99999

@@ -88,7 +88,7 @@ def checked(adapter: T, port: type, setting: str) -> T:
 def embedder_for(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
     """The embedder ``MEMEX_EMBEDDER`` names (the local model loads lazily: building it reads no file)."""
     if settings.embedder == "local":
-        return OnnxMiniLMEmbedder()
+        return OnnxMiniLMEmbedder(optimized_cache_dir=settings.data_dir / "cache")
     if settings.embedder == "hash":
         return HashEmbedder()
     if settings.embedder == "workers-ai":

@@ -25,6 +25,8 @@ niced thread runs as fast as any other, so ingest throughput is unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import importlib.util
 import json
 import logging
@@ -148,10 +150,15 @@ class OnnxMiniLMEmbedder:
         # the batch (cosine >= 0.9999998: each row is quantized on its own).
         batch_size: int = 1,
         query_cache_size: int = 1024,
+        # The model as the basic graph optimisations leave it, saved once and then loaded with none: the same
+        # graph and vectors, and a start-up high-water mark ~70-85 MB lower (320-337 -> 253 MB: optimising
+        # builds the float graph beside the int8 one). None: optimise at every start (bench/README.md, Peak memory).
+        optimized_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self._model_path = Path(model_path) if model_path is not None else None
+        self._optimized_cache_dir = Path(optimized_cache_dir) if optimized_cache_dir is not None else None
         self._tokenizer_json = tokenizer_json
         self.intra_op_num_threads = max(1, intra_op_num_threads or os.cpu_count() or 1)
         self.batch_size = batch_size
@@ -216,30 +223,17 @@ class OnnxMiniLMEmbedder:
             import onnxruntime as ort
 
             path = self._model_path or default_model_path()
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self.intra_op_num_threads
-            options.inter_op_num_threads = 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            # Basic graph optimisations, and no memory patterns. Both measured on 2 cores, one SciFact abstract a
-            # run (the default), vectors unchanged (cosine >= 0.9999997 against ENABLE_ALL with patterns):
-            # * a memory pattern is planned and kept per input shape, and with one text a run nearly every length
-            #   is a new shape: off, 400 abstracts ran at 39-43 texts/s against 32-35, and RSS after them was
-            #   ~250 MB against 380-410;
-            # * ENABLE_ALL's extra fusions were slower here than the basic level (41-42 against 44-48 texts/s
-            #   with patterns off; a query 3.1-3.3 ms against 3.5-3.8). bench/README.md, "ONNX session options".
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            options.enable_mem_pattern = False
-            # Do not leave worker threads spinning after a run: on a 2-core box they would steal
-            # the CPU from the web server between embeddings.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            try:
-                session = ort.InferenceSession(
-                    str(path), sess_options=options, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:
-                raise BackendError(
-                    f"cannot load the MiniLM ONNX model: {exc}", details={"path": str(path)}
-                ) from exc
+            cached = self._optimized_path(path, ort.__version__)
+            session = None
+            if cached is not None and cached.is_file():
+                try:
+                    session = self._new_session(ort, cached, optimize=False)
+                except Exception as exc:  # a damaged or foreign file: optimise the model again and replace it
+                    log.warning("optimised model %s unusable (%s): optimising %s again", cached, exc, path)
+                    with contextlib.suppress(OSError):
+                        cached.unlink(missing_ok=True)
+            if session is None:
+                session = self._optimize(ort, path, cached)
             self._input_names = {i.name for i in session.get_inputs()}
             # The CPU arena keeps every block it ever grew to for the largest batch and the most concurrent
             # runs seen, and never gives it back (RSS climbed 0.13 -> 1.5 GB in a 4-minute soak, by steps).
@@ -249,6 +243,65 @@ class OnnxMiniLMEmbedder:
             self._run_options = run_options
             self._session = session
             return session
+
+    def _session_options(self, ort: Any, *, optimize: bool) -> Any:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_num_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Basic graph optimisations, and no memory patterns. Both measured on 2 cores, one SciFact abstract a
+        # run (the default), vectors unchanged (cosine >= 0.9999997 against ENABLE_ALL with patterns):
+        # * a memory pattern is planned and kept per input shape, and with one text a run nearly every length
+        #   is a new shape: off, 400 abstracts ran at 39-43 texts/s against 32-35, and RSS after them was
+        #   ~250 MB against 380-410;
+        # * ENABLE_ALL's extra fusions were slower here than the basic level (41-42 against 44-48 texts/s
+        #   with patterns off; a query 3.1-3.3 ms against 3.5-3.8). bench/README.md, "ONNX session options".
+        # A model the basic level already optimised (the cache) is loaded with none: its graph is the same.
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        options.enable_mem_pattern = False
+        # Do not leave worker threads spinning after a run: on a 2-core box they would steal
+        # the CPU from the web server between embeddings.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
+
+    def _new_session(self, ort: Any, path: Path, *, optimize: bool, save_to: Path | None = None) -> Any:
+        options = self._session_options(ort, optimize=optimize)
+        if save_to is not None:
+            options.optimized_model_filepath = str(save_to)
+        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+    def _optimize(self, ort: Any, path: Path, cached: Path | None) -> Any:
+        """A session on the model file, optimised now; the optimised graph is saved to ``cached`` on the way
+        (written beside it, then renamed: a concurrent start never reads half a file)."""
+        if cached is not None:
+            tmp = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                session = self._new_session(ort, path, optimize=True, save_to=tmp)
+                os.replace(tmp, cached)
+                return session
+            except Exception as exc:  # a read-only or full disk: serve without the cache
+                log.warning("cannot save the optimised model to %s (%s): optimising at every start", cached, exc)
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+        try:
+            return self._new_session(ort, path, optimize=True)
+        except Exception as exc:
+            raise BackendError(f"cannot load the MiniLM ONNX model: {exc}", details={"path": str(path)}) from exc
+
+    def _optimized_path(self, model: Path, ort_version: str) -> Path | None:
+        """Where the optimised model is kept: named by the model file's digest and onnxruntime's version (the
+        saved graph may use operators of that version only)."""
+        if self._optimized_cache_dir is None:
+            return None
+        try:
+            with open(model, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+        except OSError:
+            return None
+        return self._optimized_cache_dir / f"minilm-{digest}-ort{ort_version}-basic.onnx"
 
     def warm_up(self) -> None:
         """Load tokenizer and model now (blocking) instead of on first use, and start the thread pools they use."""
