@@ -442,3 +442,19 @@ async def test_an_unwritable_cache_directory_still_serves(tmp_path, minilm):
     embedder = OnnxMiniLMEmbedder(optimized_cache_dir=blocker)
     text = words_text(20, seed=2)
     assert cos((await embedder.embed([text]))[0], (await minilm.embed([text]))[0]) > 0.99999
+
+
+def test_the_service_keeps_the_optimised_model_in_the_users_cache_directory(tmp_path, monkeypatch):
+    from api.composition.backend import embedder_for, model_cache_dir
+    from api.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert model_cache_dir(settings) == tmp_path / "xdg" / "memex"
+    assert embedder_for(settings, None)._optimized_cache_dir == tmp_path / "xdg" / "memex"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert model_cache_dir(settings) == tmp_path / "home" / ".cache" / "memex"
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr("pathlib.Path.home", lambda: (_ for _ in ()).throw(RuntimeError("no home directory")))
+    assert model_cache_dir(settings) == tmp_path / "data" / "cache"

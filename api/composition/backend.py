@@ -7,8 +7,10 @@ its port (``checked``): one that lacks a member is refused at start-up, naming t
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -85,10 +87,23 @@ def checked(adapter: T, port: type, setting: str) -> T:
     return require(adapter, port, f"{type(adapter).__name__} ({setting})", error=SettingsError)
 
 
+def model_cache_dir(settings: Settings) -> Path:
+    """Where the local embedder keeps its optimised model: the user's cache directory (``$XDG_CACHE_HOME/memex``,
+    else ``~/.cache/memex``), shared by every data directory and every start on the machine; the data directory's
+    ``cache/`` when there is no home. A file derived from the installed model, never downloaded."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "memex"
+    try:
+        return Path.home() / ".cache" / "memex"
+    except RuntimeError:
+        return settings.data_dir / "cache"
+
+
 def embedder_for(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:
     """The embedder ``MEMEX_EMBEDDER`` names (the local model loads lazily: building it reads no file)."""
     if settings.embedder == "local":
-        return OnnxMiniLMEmbedder(optimized_cache_dir=settings.data_dir / "cache")
+        return OnnxMiniLMEmbedder(optimized_cache_dir=model_cache_dir(settings))
     if settings.embedder == "hash":
         return HashEmbedder()
     if settings.embedder == "workers-ai":

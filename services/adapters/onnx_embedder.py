@@ -150,9 +150,10 @@ class OnnxMiniLMEmbedder:
         # the batch (cosine >= 0.9999998: each row is quantized on its own).
         batch_size: int = 1,
         query_cache_size: int = 1024,
-        # The model as the basic graph optimisations leave it, saved once and then loaded with none: the same
-        # graph and vectors, and a start-up high-water mark ~70-85 MB lower (320-337 -> 253 MB: optimising
+        # The model as the basic graph optimisations leave it, saved on the first start and then loaded with none:
+        # the same graph and vectors, and a start-up high-water mark ~70-85 MB lower (320-337 -> 253 MB: optimising
         # builds the float graph beside the int8 one). None: optimise at every start (bench/README.md, Peak memory).
+        # The service passes the user's cache directory (api/composition/backend.py, ``model_cache_dir``).
         optimized_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if batch_size < 1:
