@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from services.search.fusion import fts_phrases
 
-__all__ = ["COMMON_CACHE", "COMMON_MIN_ROWS", "COMMON_SHARE", "COMMON_TTL", "Selective", "all_common", "remember"]
+__all__ = [
+    "COMMON_CACHE", "COMMON_MIN_ROWS", "COMMON_SHARE", "COMMON_TTL", "Selective", "all_common", "known_rows", "remember",
+    "remember_rows",
+]
 
 if TYPE_CHECKING:
     from services.storage.scoped import OrgSql
@@ -175,6 +178,17 @@ def _count(org_id: str, table: str, word: str, now: float) -> int | None:
 
 def _remember_count(key: tuple[str, str], word: str, n: int, now: float) -> None:
     _put(_COUNTS, (*key, word), n, now)
+
+
+def known_rows(org_id: str, table: str) -> int | None:
+    """The organization's row count in ``table`` as remembered by ``remember_rows`` (fresh for ``COMMON_TTL``),
+    else None."""
+    return _fresh(_COUNTS, (org_id, table, ""), time.monotonic())
+
+
+def remember_rows(org_id: str, table: str, n: int) -> None:
+    """Remember the organization's row count in ``table`` (kept with the words' counts; no word is empty)."""
+    _put(_COUNTS, (org_id, table, ""), n, time.monotonic())
 
 
 def _verdict(org_id: str, table: str, word: str, now: float) -> bool | None:
