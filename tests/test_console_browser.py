@@ -358,3 +358,20 @@ def test_conversations_list_read_and_search(server, contexts):
     page.get_by_role("button", name="Search", exact=True).click()
     best = page.locator("ul.results .msg.best").first
     expect(best).to_contain_text("max_wal_senders")
+
+
+def test_the_api_docs_render_every_operation_from_the_service_alone(server, contexts):
+    """/docs leads to Swagger UI, which renders the OpenAPI 3.1 document: every operation listed, every request to
+    this service (the page never reaches another host, so it works offline)."""
+    page = contexts()
+    hosts: set[str] = set()
+    page.on("request", lambda r: hosts.add(r.url.split("/")[2]))
+    page.goto(server.base_url + "/docs")
+    expect(page).to_have_url(re.compile(r"/schema/swagger$"))
+    with http(server) as c:
+        doc = c.get("/schema/openapi.json").json()
+    operations = sum(1 for item in doc["paths"].values() for m in item if m in ("get", "post", "put", "patch", "delete"))
+    assert operations > 40
+    expect(page.locator(".opblock")).to_have_count(operations)
+    expect(page.locator(".opblock-summary-path", has_text="/v1/search").first).to_be_visible()
+    assert hosts == {server.base_url.split("/")[2]}, hosts
