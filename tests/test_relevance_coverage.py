@@ -5,6 +5,7 @@ here from the texts, and with a remembered row count that the organization has s
 from __future__ import annotations
 
 import math
+import uuid
 
 import pytest
 
@@ -27,8 +28,9 @@ TERMS = ["kiwi", "mango", "papaya"]
 
 @pytest.fixture
 async def org(tmp_path):
-    control, stores = await make_stores(tmp_path, ScriptedEmbedder())
-    store = await stores.open("org_a")
+    org_id = f"org_{uuid.uuid4().hex[:16]}"  # the remembered counts are the process's, by organization id
+    control, stores = await make_stores(tmp_path, ScriptedEmbedder(), orgs=(org_id,))
+    store = await stores.open(org_id)
     t = Thoughts(store.sql, store.vectors, ScriptedEmbedder())
     ids = {name: (await t.capture(text, wait=True)).id for name, text in TEXTS.items()}
     yield store.sql, ids
@@ -59,17 +61,20 @@ async def test_coverage_is_the_idf_weighted_share_of_the_query_words_each_candid
 async def test_a_remembered_row_count_the_organization_outgrew_still_weighs_every_word_positively(org):
     sql, ids = org
     selective.remember_rows(sql.org_id, "documents_fts", 1)  # as if remembered when it held one thought
-    try:
-        cands = [Candidate(chunk_id="c", kind="thought", parent_id=ids["both"])]
-        got = await relevance._coverage(sql, TERMS, cands)
-        share = got[("thought", ids["both"])]
-        assert 0.0 < share < 1.0  # a df above N would weigh words negatively (kiwi and mango: 1.35)
-    finally:
-        selective.remember_rows(sql.org_id, "documents_fts", 0)
+    cands = [Candidate(chunk_id="c", kind="thought", parent_id=ids["both"])]
+    got = await relevance._coverage(sql, TERMS, cands)
+    share = got[("thought", ids["both"])]
+    assert 0.0 < share < 1.0  # a df above N would weigh words negatively (kiwi and mango: 1.35)
 
 
 async def test_a_small_organizations_row_count_is_counted_each_time(org):
     sql, ids = org
-    assert selective.known_rows(sql.org_id, "documents_fts") in (None, 0)
     await relevance._coverage(sql, TERMS, [Candidate(chunk_id="c", kind="thought", parent_id=ids["all"])])
-    assert selective.known_rows(sql.org_id, "documents_fts") in (None, 0)  # 5 rows: below REMEMBER_ROWS_FROM
+    assert selective.known_rows(sql.org_id, "documents_fts") is None  # 5 rows: below REMEMBER_ROWS_FROM
+
+
+async def test_a_large_organizations_row_count_is_remembered(org, monkeypatch):
+    sql, ids = org
+    monkeypatch.setattr(relevance, "REMEMBER_ROWS_FROM", 3)  # "large": 3 rows and up, for a 5-thought organization
+    await relevance._coverage(sql, TERMS, [Candidate(chunk_id="c", kind="thought", parent_id=ids["all"])])
+    assert selective.known_rows(sql.org_id, "documents_fts") == len(TEXTS)
