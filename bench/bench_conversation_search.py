@@ -48,19 +48,11 @@ async def build(data: Path) -> None:
 
 
 async def measure(data: Path, n: int) -> None:
-    from api.settings import Settings
-    from api.wiring import Memex
+    from bench_foundation import stored_org_search
     from services.search.search import SearchOptions
-    from tenancy.models import AuthContext
 
     queries = json.loads((data / "meta.json").read_text())["queries"][:n]
-    memex = Memex(Settings(data_dir=data, embedder="hash", run_worker=False))
-    await memex.start(worker=False)
-    try:
-        org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
-        ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
-                          scopes=frozenset({"read", "write", "admin"}))
-        search = (await memex.for_org(ctx)).search
+    async with stored_org_search(data) as search:
         kinds = list(search.hydrators["conversation"].chunk_kinds)
         for q in queries[:5]:
             await search.search(SearchOptions(query=q, kinds=("conversation",)))
@@ -109,8 +101,6 @@ async def measure(data: Path, n: int) -> None:
         print(f"CPU per search (search_first, all threads): {summary['cpu_ms_per_search']} ms; "
               f"load average {summary['load_avg']}")
         print(json.dumps(summary))
-    finally:
-        await memex.stop()
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -534,6 +534,25 @@ def code_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}{f' + {len(dirty)} uncommitted files' if dirty else ''}" if head else "unknown"
+
+
+@asynccontextmanager
+async def stored_org_search(data_dir: Path):
+    """The search service of the organization a kept bench data set holds, in process, as ``memex serve`` builds it
+    with the hash embedder the set was loaded with and no worker (the data does not change)."""
+    from api.settings import Settings
+    from api.wiring import Memex
+    from tenancy.models import AuthContext
+
+    memex = Memex(Settings(data_dir=data_dir, embedder="hash", run_worker=False))
+    await memex.start(worker=False)
+    try:
+        org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
+        ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
+                          scopes=frozenset({"read", "write", "admin"}))
+        yield (await memex.for_org(ctx)).search
+    finally:
+        await memex.stop()
 
 
 def rss_mb(pid: int | None) -> float | None:

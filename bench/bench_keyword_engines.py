@@ -44,16 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from api.heap import resident_mb  # noqa: E402
 from bench_foundation import queries  # noqa: E402
 from bench_scifact import DEFAULT_DATA, content_of, evaluate, load_corpus, load_qrels, load_queries  # noqa: E402
 
 from services.search.fusion import fts_phrases, query_terms  # noqa: E402
 from services.search.selective import COMMON_MIN_ROWS, COMMON_SHARE  # noqa: E402
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 def best_of(fn, *args, times: int = 3) -> tuple[float, list]:
@@ -140,7 +136,7 @@ def main() -> int:
     # tantivy: the documents' text, keyed by the FTS rowid
     tmp = Path(tempfile.mkdtemp(prefix="kwbench-"))
     try:
-        rss0 = rss_mb()
+        rss0 = resident_mb()
         t0 = time.perf_counter()
         sb = tantivy.SchemaBuilder()
         sb.add_integer_field("pk", stored=True, indexed=True, fast=True)
@@ -158,7 +154,7 @@ def main() -> int:
         build_s = time.perf_counter() - t0
         searcher = index.searcher()
         size_mb = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) / 1e6
-        rss_open = rss_mb() - rss0
+        rss_open = resident_mb() - rss0
 
         def fts(match: str) -> list[int]:
             return [r[0] for r in db.execute(

@@ -26,15 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import queries  # noqa: E402
+from bench_foundation import queries, stored_org_search  # noqa: E402
 
 
 async def measure(data_dir: Path, n_queries: int, rounds: int, top: int) -> dict:
-    from api.settings import Settings
-    from api.wiring import Memex
     from services.adapters import sqlite as sqlite_adapter
     from services.search.search import SearchOptions
-    from tenancy.models import AuthContext
 
     spent: dict[str, list[float]] = collections.defaultdict(list)
     plain = sqlite_adapter.SqliteDatabase._run_one
@@ -48,36 +45,32 @@ async def measure(data_dir: Path, n_queries: int, rounds: int, top: int) -> dict
 
     sqlite_adapter.SqliteDatabase._run_one = timed  # type: ignore[method-assign]
     print("settings changed: embedder=hash (the set was loaded with it; the query's embedding is not measured)")
-    memex = Memex(Settings(data_dir=data_dir, embedder="hash", run_worker=False))
-    await memex.start(worker=False)
     out: dict = {"bench": "search_statements", "queries": n_queries, "rounds": []}
+    qs = queries(n_queries)
     try:
-        org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
-        ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
-                          scopes=frozenset({"read", "write", "admin"}))
-        search = (await memex.for_org(ctx)).search
-        qs = queries(n_queries)
-        for rnd in range(rounds):
-            spent.clear()
-            lat: list[float] = []
-            cpu = time.process_time()
-            for q in qs:
-                t0 = time.perf_counter()
-                await search.search(SearchOptions(query=q, top_k=10))
-                lat.append((time.perf_counter() - t0) * 1000)
-            cpu_ms = (time.process_time() - cpu) * 1000 / len(qs)
-            p50, mean = statistics.median(lat), statistics.mean(lat)
-            print(f"round {rnd} ({'first time' if rnd == 0 else 'repeats'}): p50 {p50:.2f} ms, mean {mean:.2f} ms, "
-                  f"CPU {cpu_ms:.2f} ms a search")
-            stmts = sorted(spent.items(), key=lambda kv: -sum(kv[1]))[:top]
-            for sql, times in stmts:
-                print(f"  {len(times):4d} x {statistics.mean(times) * 1000:6.2f} ms = "
-                      f"{sum(times) * 1000 / len(qs):6.2f} ms a search  {sql}")
-            out["rounds"].append({"p50": round(p50, 2), "mean": round(mean, 2), "cpu_ms": round(cpu_ms, 2),
-                                  "statements": [{"sql": s, "n": len(t), "ms_per_search": round(sum(t) * 1000 / len(qs), 2)}
-                                                 for s, t in stmts]})
+        async with stored_org_search(data_dir) as search:
+            for rnd in range(rounds):
+                spent.clear()
+                lat: list[float] = []
+                cpu = time.process_time()
+                for q in qs:
+                    t0 = time.perf_counter()
+                    await search.search(SearchOptions(query=q, top_k=10))
+                    lat.append((time.perf_counter() - t0) * 1000)
+                cpu_ms = (time.process_time() - cpu) * 1000 / len(qs)
+                p50, mean = statistics.median(lat), statistics.mean(lat)
+                print(f"round {rnd} ({'first time' if rnd == 0 else 'repeats'}): p50 {p50:.2f} ms, "
+                      f"mean {mean:.2f} ms, CPU {cpu_ms:.2f} ms a search")
+                stmts = sorted(spent.items(), key=lambda kv: -sum(kv[1]))[:top]
+                for sql, times in stmts:
+                    print(f"  {len(times):4d} x {statistics.mean(times) * 1000:6.2f} ms = "
+                          f"{sum(times) * 1000 / len(qs):6.2f} ms a search  {sql}")
+                out["rounds"].append({
+                    "p50": round(p50, 2), "mean": round(mean, 2), "cpu_ms": round(cpu_ms, 2),
+                    "statements": [{"sql": s, "n": len(t), "ms_per_search": round(sum(t) * 1000 / len(qs), 2)}
+                                   for s, t in stmts],
+                })
     finally:
-        await memex.stop()
         sqlite_adapter.SqliteDatabase._run_one = plain  # type: ignore[method-assign]
     return out
 
