@@ -167,6 +167,10 @@ class Settings:
     #: Organization databases and vector files open at once (embedded; the least recently used idle one closes
     #: when another opens). Each open organization costs a few file handles and its vectors' memory.
     max_open_orgs: int = 64
+    #: Embedded: organizations with at least this many thoughts rank their keyword side with a tantivy index kept
+    #: beside their database (services/adapters/keyword_index.py); 0 turns it off. FTS5 answers below it, and
+    #: whenever the index is behind.
+    keyword_index_from: int = 10_000
     #: Cloudflare credentials and resources (used by the d1 / vectorize / workers-ai adapters).
     cloudflare_account_id: str | None = None
     cloudflare_api_token: str | None = None
@@ -287,6 +291,9 @@ class Settings:
                 "the same (wrangler secret put MEMEX_WORKER_SECRET)", details={"setting": "MEMEX_WORKER_SECRET"})
 
     def _check_limits(self) -> None:
+        if self.keyword_index_from < 0:
+            raise SettingsError(f"MEMEX_KEYWORD_INDEX_FROM must be 0 (off) or a number of thoughts, not "
+                                f"{self.keyword_index_from}", details={"setting": "MEMEX_KEYWORD_INDEX_FROM"})
         for name, env in _RATES.items():
             if getattr(self, name) < 1:
                 raise SettingsError(f"{env} must be at least 1, not {getattr(self, name)}", details={"setting": env})
@@ -393,6 +400,7 @@ class Settings:
             rank_context_tags=_list("MEMEX_RANK_CONTEXT_TAGS"),
             rerank_cache_seconds=_float("MEMEX_RERANK_CACHE_SECONDS", 3600.0),
             max_open_orgs=_int("MEMEX_MAX_OPEN_ORGS", 64),
+            keyword_index_from=_int("MEMEX_KEYWORD_INDEX_FROM", 10_000),
             kb_local_roots=_list("MEMEX_KB_LOCAL_ROOTS"),
             kb_allow_http=(_env("MEMEX_KB_ALLOW_HTTP", "false") or "").strip().lower() in ("1", "true", "yes", "on"),
             kb_cache_dir=Path(c) if (c := _env("MEMEX_KB_CACHE_DIR")) else None,

@@ -210,7 +210,9 @@ def build_backend(settings: Settings) -> Backend:
         stores = EmbeddedOrgStores(
             control, settings.data_dir, dimensions=dims, max_open=settings.max_open_orgs,
             # two readers per organization (searches don't queue behind writes) keep the file handles bounded
-            open_database=lambda path: checked(SqliteDatabase(path, readers=2), SqlDatabase, "MEMEX_SQL=sqlite"),
+            open_database=lambda path: checked(
+                SqliteDatabase(path, readers=2, keyword_index_from=settings.keyword_index_from or None), SqlDatabase,
+                "MEMEX_SQL=sqlite"),
             open_index=lambda path: checked(
                 LocalVectorIndex(path, dimensions=dims, model=model, reset_on_mismatch=True), VectorIndex,
                 "MEMEX_VECTORS=local"),

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.adapters.keyword_index import KeywordIndex
 from services.errors import BackendError, InsufficientStorage, InvalidInput
 from services.ports import SqlResult, SqlValue, Statement
 
@@ -91,7 +92,9 @@ def _rows(cur: sqlite3.Cursor) -> list[dict]:
 class SqliteDatabase:
     """SqlDatabase over a local SQLite file (``":memory:"`` is not supported: use a temp file)."""
 
-    def __init__(self, path: str | Path, *, readers: int = 4) -> None:
+    def __init__(self, path: str | Path, *, readers: int = 4, keyword_index_from: int | None = None) -> None:
+        """``keyword_index_from``: an organization database whose thoughts get a tantivy index from that many
+        documents up (services.adapters.keyword_index); None: none (the control database, tools)."""
         self.path = str(path)
         if not self.path.startswith("file:"):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,10 @@ class SqliteDatabase:
             conn = _connect(self.path, readonly=True)
             self._readers.put(conn)
             self._all_readers.append(conn)
+        self._keywords: KeywordIndex | None = None
+        if keyword_index_from is not None and not self.path.startswith("file:"):
+            self._keywords = KeywordIndex(self.path, lambda sql, params: self._run_one(sql, params).rows,
+                                          lambda: _connect(self.path, readonly=True), build_from=keyword_index_from)
 
     # -- sync cores (run in threads) -------------------------------------------------------------
 
@@ -176,6 +183,20 @@ class SqliteDatabase:
     async def executescript(self, sql: str) -> None:
         await _off_loop(self._run_script, sql)
 
+    async def keyword_search(self, org_id: str, words: list[str], limit: int) -> list[tuple[str, float]] | None:
+        """The thoughts' keyword side from the tantivy index: (document id, BM25) best first, or None when there is
+        no index or it is behind (the caller ranks with FTS5)."""
+        kw = self._keywords
+        if kw is None or not kw.wanted():
+            return None
+        return await asyncio.to_thread(kw.search, org_id, words, limit)
+
+    async def keyword_sync(self) -> bool:
+        """Bring the keyword index up to date now (builds it if the organization is large enough): True when it
+        is current. For tests, benchmarks and tools; the service catches up on its own."""
+        kw = self._keywords
+        return kw is not None and await asyncio.to_thread(kw.sync)
+
     def _checkpoint(self) -> None:
         with self._write_lock:
             self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -189,6 +210,8 @@ class SqliteDatabase:
         return free_bytes(self.path)
 
     def _close(self) -> None:
+        if self._keywords is not None:  # its catch-up reads with a connection of its own
+            self._keywords.close()
         # Wait for statements in flight (a connection closed under a running statement crashes the process).
         with self._write_lock:
             if self._closed:

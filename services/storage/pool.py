@@ -139,6 +139,19 @@ class PooledDatabase(_Pooled[SqlDatabase]):
     def free_bytes(self) -> int | None:
         return self._free_bytes()
 
+    async def keyword_search(self, org_id: str, words: list[str], limit: int) -> list[tuple[str, float]] | None:
+        """The adapter's keyword index (embedded SQLite), else None: the caller ranks with FTS5."""
+        async def call(db: SqlDatabase) -> list[tuple[str, float]] | None:
+            search = getattr(db, "keyword_search", None)
+            return await search(org_id, words, limit) if search is not None else None
+        return await self._call(call)
+
+    async def keyword_sync(self) -> bool:
+        async def call(db: SqlDatabase) -> bool:
+            sync = getattr(db, "keyword_sync", None)
+            return bool(await sync()) if sync is not None else False
+        return await self._call(call)
+
 
 class PooledIndex(_Pooled[VectorIndex]):
     """A ``VectorIndex`` that opens on first use (see the module docstring).

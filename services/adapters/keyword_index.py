@@ -1,0 +1,310 @@
+"""A tantivy index of an organization's thoughts beside its SQLite database (embedded only): the keyword side's
+BM25 over whole documents, with block-max WAND top-k, for organizations large enough that FTS5's scoring of every
+matched row is most of a search (bench/README.md: at 53,000 documents, 0.4 ms against 8.5-31 ms a query).
+
+SQLite stays the truth and FTS5 stays the fallback. Migration 0004's triggers append every document whose text
+changed (captured, content edited, deleted) to ``keyword_changes``, in order. The index answers a search only when
+it has applied the log's last entry (``search``: one cheap statement compares them); otherwise it returns None, the
+caller ranks with FTS5 as before, and a background thread catches the index up. So a capture is keyword-searchable
+as soon as it is acknowledged, whatever the index's state.
+
+On disk, ``<database>.keywords/``: index generations (``gen-<n>/``) and ``state.json``, which names the current
+generation and the log position (seq, and the document at that seq) it has applied. The position is written after
+the index's commit, atomically; a crash between them replays entries, and replaying is idempotent (each changed
+document is deleted from the index and added again from its current row). A missing or damaged state, an index that
+does not open, a log that no longer reaches back to the position, or a position the log does not hold (another
+database in its place) means a rebuild into a new generation from ``documents``; the old one is removed after
+the switch. Organizations below ``build_from`` documents are not indexed (FTS5 is fast there).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tantivy
+
+__all__ = ["KeywordIndex", "BUILD_FROM", "HEAD_SQL"]
+
+log = logging.getLogger("memex.keywords")
+
+#: Organizations with at least this many documents (the documents_fts key's high-water mark) get an index.
+BUILD_FROM = 10_000
+#: Seconds an organization found below ``BUILD_FROM`` goes without the look (one statement) before a search.
+SMALL_TTL = 60.0
+#: Log entries applied per commit while catching up (bounds the memory of one round).
+ROUND = 20_000
+#: The writer's memory budget (tantivy's minimum per thread is 15 MB); the writer lives only while it writes.
+WRITER_HEAP = 32_000_000
+#: The log's position and the organization's size, one statement before each search.
+HEAD_SQL = (
+    "SELECT (SELECT max(seq) FROM keyword_changes) AS seq, "
+    "(SELECT document_id FROM keyword_changes ORDER BY seq DESC LIMIT 1) AS last, "
+    "(SELECT max(pk) FROM documents_fts_keys) AS size"
+)
+
+
+def _schema() -> Any:
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("key", stored=False, tokenizer_name="raw", index_option="basic")  # organization "/" document
+    sb.add_text_field("org", stored=False, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("id", stored=True, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("content", stored=False, tokenizer_name="en_stem")
+    return sb.build()
+
+
+@dataclass(frozen=True, slots=True)
+class _Open:
+    """One published view: what a search reads together (the searcher and the position it reflects)."""
+    index: Any
+    searcher: Any
+    generation: str
+    seq: int
+    last: str | None
+
+
+class KeywordIndex:
+    """The index of one organization database (see the module docstring). ``read(sql, params)`` runs a read
+    statement on the database's readers; ``connect()`` opens a read-only connection of the catch-up's own."""
+
+    def __init__(self, db_path: str, read: Callable[[str, tuple], list[dict[str, Any]]],
+                 connect: Callable[[], sqlite3.Connection], *, build_from: int = BUILD_FROM) -> None:
+        self.root = Path(db_path + ".keywords")
+        self.build_from = build_from
+        self._read = read
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._open: _Open | None = None
+        self._loaded = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: Until when (monotonic) the organization counts as too small to index, once it was seen to be.
+        self._small_until = 0.0
+        #: Catch-up rounds that committed, rebuilds done (for tests and benchmarks).
+        self.commits = 0
+        self.rebuilds = 0
+
+    # -- searching ---------------------------------------------------------------------------------
+
+    def wanted(self) -> bool:
+        """Whether ``search`` may answer: False (without a statement) for an organization recently seen below
+        ``build_from`` documents; it is looked at again after ``SMALL_TTL`` seconds."""
+        return not self._closed and (self._open is not None or time.monotonic() >= self._small_until)
+
+    def search(self, org_id: str, words: list[str], limit: int) -> list[tuple[str, float]] | None:
+        """The ``limit`` best documents for any of ``words`` (BM25, best first) as (document id, score), or None
+        when the index is not there or behind the log (then a catch-up starts; the caller asks FTS5)."""
+        if self._closed or not words:
+            return None
+        if not self._loaded:
+            self._load()
+        view = self._open
+        try:
+            head = self._read(HEAD_SQL, ())[0]
+        except sqlite3.Error:  # a database without the log yet (mid-migration): FTS5 answers
+            return None
+        if view is None:
+            if (head["size"] or 0) >= self.build_from:
+                self.catch_up()
+            else:
+                self._small_until = time.monotonic() + SMALL_TTL
+            return None
+        if (view.seq, view.last) != (head["seq"] or 0, head["last"]):
+            self.catch_up()
+            return None
+        try:
+            query = tantivy.Query.boolean_query(
+                [(tantivy.Occur.Must, tantivy.Query.term_query(view.index.schema, "org", org_id)),
+                 (tantivy.Occur.Must, tantivy.Query.boolean_query(
+                     [(tantivy.Occur.Should, view.index.parse_query(w, ["content"])) for w in words]))])
+            hits = view.searcher.search(query, limit).hits
+            return [(view.searcher.doc(addr)["id"][0], float(score)) for score, addr in hits]
+        except (ValueError, OSError):  # a word the parser refuses, a file gone: FTS5 answers
+            log.warning("keyword index of %s: search failed; FTS5 answers", self.root, exc_info=True)
+            return None
+
+    # -- keeping up ----------------------------------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """Start the background catch-up (or build) unless one runs."""
+        with self._lock:
+            if self._closed or (self._thread is not None and self._thread.is_alive()):
+                return
+            self._thread = threading.Thread(target=self._run, name=f"keywords {self.root.parent.name}", daemon=True)
+            self._thread.start()
+
+    def sync(self, timeout: float = 120.0) -> bool:
+        """Catch up now and wait (tests, benchmarks, ``memex`` commands): True when the index is current."""
+        if not self._loaded:
+            self._load()
+        self.catch_up()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        view = self._open
+        head = self._read(HEAD_SQL, ())[0]
+        return view is not None and (view.seq, view.last) == (head["seq"] or 0, head["last"])
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            thread.join(30)
+        self._open = None
+
+    def _run(self) -> None:
+        try:
+            conn = self._connect()
+        except sqlite3.Error:
+            log.warning("keyword index of %s: cannot read the database", self.root, exc_info=True)
+            return
+        try:
+            for _ in range(1000):  # rounds until current (ROUND entries each); bounded against a runaway writer
+                if self._closed or self._step(conn):
+                    return
+        except Exception:  # the index is an accelerator: FTS5 keeps answering; the next search tries again
+            log.warning("keyword index of %s: catch-up failed", self.root, exc_info=True)
+        finally:
+            conn.close()
+
+    def _step(self, conn: sqlite3.Connection) -> bool:
+        """One round in one read snapshot: True when the index is current afterwards."""
+        self._load()
+        conn.execute("BEGIN")
+        try:
+            head = conn.execute("SELECT max(seq), min(seq) FROM keyword_changes").fetchone()
+            top, bottom = head[0] or 0, head[1]
+            view = self._open
+            if view is None:
+                size = conn.execute("SELECT max(pk) FROM documents_fts_keys").fetchone()[0] or 0
+                if size < self.build_from:
+                    return True
+                self._rebuild(conn, top)
+                return True
+            here = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (view.seq,)).fetchone()
+            reaches = bottom is None or view.seq >= bottom - 1
+            same_log = (here[0] if here else None) == view.last if view.seq >= (bottom or 1) else view.last is None
+            if view.seq > top or not reaches or not same_log:
+                self._rebuild(conn, top)
+                return True
+            if view.seq == top:
+                return True
+            upto = min(top, view.seq + ROUND)
+            self._apply(conn, view, upto)
+            return upto == top
+        finally:
+            conn.execute("COMMIT")
+
+    def _apply(self, conn: sqlite3.Connection, view: _Open, upto: int) -> None:
+        changed = conn.execute(
+            "SELECT DISTINCT organization_id, document_id FROM keyword_changes WHERE seq > ? AND seq <= ?",
+            (view.seq, upto)).fetchall()
+        rows = conn.execute(
+            "SELECT d.organization_id, d.id, d.content FROM documents d WHERE EXISTS (SELECT 1 FROM keyword_changes k "
+            "WHERE k.seq > ? AND k.seq <= ? AND k.organization_id = d.organization_id AND k.document_id = d.id)",
+            (view.seq, upto)).fetchall()
+        last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (upto,)).fetchone()[0]
+        writer = view.index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        try:
+            for org, doc in changed:
+                writer.delete_documents_by_term("key", f"{org}/{doc}")
+            for org, doc, content in rows:
+                writer.add_document(tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content))
+            if self._closed:
+                writer.rollback()
+                return
+            writer.commit()
+        finally:
+            writer.wait_merging_threads()
+        self._save(view.generation, upto, last)
+        view.index.reload()
+        self._publish(_Open(view.index, view.index.searcher(), view.generation, upto, last))
+        self.commits += 1
+
+    def _rebuild(self, conn: sqlite3.Connection, top: int) -> None:
+        last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (top,)).fetchone() if top else None
+        generation = f"gen-{time.time_ns()}"
+        path = self.root / generation
+        path.mkdir(parents=True)
+        index = tantivy.Index(_schema(), path=str(path))
+        writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        try:
+            for org, doc, content in conn.execute("SELECT organization_id, id, content FROM documents"):
+                if self._closed:
+                    writer.rollback()
+                    return
+                writer.add_document(tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content))
+            writer.commit()
+        finally:
+            writer.wait_merging_threads()
+        self._save(generation, top, last[0] if last else None)
+        index.reload()
+        self._publish(_Open(index, index.searcher(), generation, top, last[0] if last else None))
+        self.rebuilds += 1
+        self._sweep(keep=generation)
+
+    # -- the files -------------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Open the generation ``state.json`` names when it is not the one open (first use, or another process
+        moved on); a damaged state or index leaves nothing open (the catch-up rebuilds)."""
+        with self._lock:
+            self._loaded = True
+            state_path = self.root / "state.json"
+            try:
+                state = json.loads(state_path.read_text())
+                generation, seq, last = str(state["generation"]), int(state["seq"]), state["last"]
+                if last is not None and not isinstance(last, str):
+                    raise ValueError("last must be a document id")
+            except FileNotFoundError:
+                return
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("keyword index of %s: unreadable state; rebuilding", self.root)
+                self._open = None
+                return
+            view = self._open
+            if view is not None and (view.generation, view.seq, view.last) == (generation, seq, last):
+                return
+            try:
+                if view is not None and view.generation == generation:
+                    view.index.reload()
+                    index = view.index
+                else:
+                    index = tantivy.Index.open(str(self.root / generation))
+                self._open = _Open(index, index.searcher(), generation, seq, last)
+            except (ValueError, OSError):
+                log.warning("keyword index of %s: %s does not open; rebuilding", self.root, generation)
+                self._open = None
+
+    def _save(self, generation: str, seq: int, last: str | None) -> None:
+        tmp = self.root / "state.json.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"generation": generation, "seq": seq, "last": last}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / "state.json")
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _publish(self, view: _Open) -> None:
+        with self._lock:
+            if not self._closed:
+                self._open = view
+
+    def _sweep(self, keep: str) -> None:
+        for p in self.root.glob("gen-*"):
+            if p.name != keep:
+                shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,232 @@
+"""The tantivy keyword index of large organizations (services/adapters/keyword_index.py): it answers only when it
+reflects the database exactly, and FTS5 answers otherwise, so what a search finds never depends on the index's state.
+
+In process on the real embedded stores (the threshold lowered to one thought so that small organizations get an
+index), then over HTTP with two organizations."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.settings import Settings
+from api.wiring import Memex
+from services.search.search import SearchOptions
+from tenancy.auth import AuthContext
+from tests.conftest import backend_live, signup
+
+FACTS = {
+    "ferry": "The ferry to the island leaves from pier nine at seven every morning.",
+    "badge": "Visitor badges are printed at the front desk and must be returned by six.",
+    "server": "The build server reboots itself on Sunday night for kernel patches.",
+    "coffee": "The coffee machine on the third floor takes oat milk cartons only.",
+}
+
+
+def _settings(tmp: Path) -> Settings:
+    return Settings(data_dir=tmp, embedder="hash", keyword_index_from=1, run_worker=False)
+
+
+class Env:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.memex: Memex | None = None
+
+    async def open(self) -> None:
+        self.memex = Memex(_settings(self.tmp))
+        await self.memex.start(worker=False)
+
+    async def close(self) -> None:
+        await self.memex.stop()
+
+    async def org(self, slug: str):
+        org, _ = await self.memex.orgs.create(name=slug, slug=slug)
+        return org
+
+    async def svc(self, org):
+        return await self.memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="test",
+                                                    scopes=frozenset({"admin"})))
+
+    async def db(self, org):
+        return (await self.memex.stores.open(org.id)).db
+
+    def state(self, org) -> dict:
+        return json.loads((self.memex.stores.directory(org.id) / "memex.sqlite3.keywords" / "state.json").read_text())
+
+
+async def _found(svc, query: str) -> list[str]:
+    res = await svc.search.search(SearchOptions(query=query, top_k=10))
+    return [h.document_id for h in res.results]
+
+
+@pytest.fixture
+async def env(tmp_path):
+    e = Env(tmp_path)
+    await e.open()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+async def _capture_facts(svc) -> dict[str, str]:
+    return {k: (await svc.thoughts.capture(text)).id for k, text in FACTS.items()}
+
+
+async def test_the_index_answers_only_when_current_and_fts5_covers_the_gap(env):
+    org = await env.org("kwi-gap")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    db = await env.db(org)
+    assert await db.keyword_search(org.id, ["ferry", "pier"], 10) is None  # no index yet: FTS5 answers
+    assert await _found(svc, "ferry pier") == [ids["ferry"]]
+    assert await db.keyword_sync()
+    hits = await db.keyword_search(org.id, ["ferry", "pier"], 10)
+    assert hits is not None and [d for d, _ in hits] == [ids["ferry"]] and hits[0][1] > 0
+    assert await _found(svc, "ferry pier") == [ids["ferry"]]  # now from the index
+    # a capture the index has not applied: the index steps aside, and the capture is found at once
+    new = (await svc.thoughts.capture("The ferry timetable changes in October for the winter season.")).id
+    assert await db.keyword_search(org.id, ["ferry"], 10) is None
+    assert set(await _found(svc, "ferry timetable winter")) >= {new}
+    assert await db.keyword_sync()
+    hits = await db.keyword_search(org.id, ["ferry"], 10)
+    assert hits is not None and {d for d, _ in hits} == {ids["ferry"], new}
+
+
+async def test_deletes_and_edits_reach_the_index(env):
+    org = await env.org("kwi-edits")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    db = await env.db(org)
+    assert await db.keyword_sync()
+    await svc.thoughts.delete(ids["badge"])
+    sql = await env.memex.org_sql(org.id)
+    await sql.execute("UPDATE documents SET content = ?3 WHERE organization_id = ?1 AND id = ?2",
+                      [ids["coffee"], "The espresso machine on the third floor is broken until Monday."])
+    assert await db.keyword_sync()
+    assert await db.keyword_search(org.id, ["badges", "desk"], 10) == []
+    assert await db.keyword_search(org.id, ["coffee", "oat"], 10) == []
+    hits = await db.keyword_search(org.id, ["espresso"], 10)
+    assert [d for d, _ in hits] == [ids["coffee"]]
+    assert await _found(svc, "visitor badges front desk") == []
+
+
+async def test_a_restart_opens_the_index_without_rebuilding_and_catches_up(env):
+    org = await env.org("kwi-restart")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    assert await (await env.db(org)).keyword_sync()
+    before = env.state(org)
+    # written while the index is not looking (it catches up only when asked or searched): the next process applies it
+    await svc.thoughts.delete(ids["server"])
+    await env.close()
+    await env.open()
+    svc = await env.svc(org)
+    db = await env.db(org)
+    assert await db.keyword_search(org.id, ["server", "reboots"], 10) is None  # behind by the delete
+    assert await _found(svc, "build server reboots") == []
+    assert await db.keyword_sync()
+    after = env.state(org)
+    assert after["generation"] == before["generation"]  # caught up in place, not rebuilt
+    assert after["seq"] == before["seq"] + 1
+    assert [d for d, _ in await db.keyword_search(org.id, ["ferry"], 10)] == [ids["ferry"]]
+
+
+@pytest.mark.parametrize("damage", ["state", "index", "log"])
+async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answers(env, damage):
+    org = await env.org(f"kwi-damage-{damage}")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    assert await (await env.db(org)).keyword_sync()
+    before = env.state(org)
+    root = env.memex.stores.directory(org.id) / "memex.sqlite3.keywords"
+    late = (await svc.thoughts.capture("A late note about the ferry's new pier.")).id
+    await env.close()
+    if damage == "state":
+        (root / "state.json").write_text("{not json")
+    elif damage == "index":
+        for f in (root / before["generation"]).iterdir():
+            if f.name == "meta.json":
+                f.write_text("garbage")
+    else:  # the log no longer reaches back to the index's position (as after 100,000 changes)
+        with sqlite3.connect(env.memex.stores.directory(org.id) / "memex.sqlite3") as conn:
+            conn.execute("DELETE FROM keyword_changes WHERE seq <= ?", (before["seq"] + 1,))
+    await env.open()
+    svc = await env.svc(org)
+    db = await env.db(org)
+    assert set(await _found(svc, "ferry pier")) == {ids["ferry"], late}  # FTS5 meanwhile
+    assert await db.keyword_sync()
+    assert env.state(org)["generation"] != before["generation"]
+    assert [p.name for p in root.glob("gen-*")] == [env.state(org)["generation"]]  # the old generation is gone
+    hits = await db.keyword_search(org.id, ["ferry", "pier"], 10)
+    assert {d for d, _ in hits} == {ids["ferry"], late}
+
+
+async def test_an_organization_below_the_threshold_gets_no_index(tmp_path):
+    memex = Memex(Settings(data_dir=tmp_path, embedder="hash", keyword_index_from=5, run_worker=False))
+    await memex.start(worker=False)
+    try:
+        org, _ = await memex.orgs.create(name="small", slug="kwi-small")
+        svc = await memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="t",
+                                              scopes=frozenset({"admin"})))
+        for text in list(FACTS.values())[:3]:
+            await svc.thoughts.capture(text)
+        db = (await memex.stores.open(org.id)).db
+        assert not await db.keyword_sync()
+        assert not (memex.stores.directory(org.id) / "memex.sqlite3.keywords" / "state.json").exists()
+        for text in list(FACTS.values())[3:] + ["One more note about the ferry.", "And the pier."]:
+            await svc.thoughts.capture(text)
+        assert await db.keyword_sync()  # five thoughts: indexed
+    finally:
+        await memex.stop()
+
+
+def test_over_http_each_organization_searches_only_its_own_index():
+    """Two organizations with the same words: each one's search, served by its own index once current, finds only
+    its own thoughts; another organization's thought id is 404 to read or delete, and a delete stays its owner's."""
+    with tempfile.TemporaryDirectory() as tmp, backend_live("embedded", Path(tmp), keyword_index_from=1) as live:
+        a, b = signup(live, "kwa"), signup(live, "kwb")
+        with live.client() as c:
+            mine = {}
+            for org, word in ((a, "alpha"), (b, "beta")):
+                for i, text in enumerate(FACTS.values()):
+                    r = c.post("/v1/thoughts", json={"content": f"{text} ({word} copy {i})"}, headers=org.headers)
+                    assert r.status_code == 201, r.text
+                    mine.setdefault(org.id, set()).add(r.json()["id"])
+
+            def search(org, query):
+                r = c.post("/v1/search", json={"query": query, "top_k": 20}, headers=org.headers)
+                assert r.status_code == 200, r.text
+                return {h["document_id"] for h in r.json()["results"]}
+
+            def current(org) -> bool:
+                state = Path(tmp) / "orgs" / org.id / "memex.sqlite3.keywords" / "state.json"
+                if not state.exists():
+                    return False
+                with sqlite3.connect(Path(tmp) / "orgs" / org.id / "memex.sqlite3") as conn:
+                    return json.loads(state.read_text())["seq"] == conn.execute(
+                        "SELECT max(seq) FROM keyword_changes").fetchone()[0]
+
+            deadline = time.monotonic() + 60
+            while not (current(a) and current(b)):  # searches start each organization's catch-up
+                assert time.monotonic() < deadline, "the indexes never caught up"
+                search(a, "ferry pier island")
+                search(b, "ferry pier island")
+                time.sleep(0.1)
+            assert search(a, "ferry pier island") and search(a, "ferry pier island") <= mine[a.id]
+            assert search(b, "ferry pier island") and search(b, "ferry pier island") <= mine[b.id]
+            assert search(a, "beta") == set() and search(b, "alpha") == set()
+            found = search(a, "ferry pier island")
+            some_a = sorted(found)[0]
+            assert c.get(f"/v1/thoughts/{some_a}", headers=b.headers).status_code == 404
+            assert c.delete(f"/v1/thoughts/{some_a}", headers=b.headers).status_code == 404
+            assert search(a, "ferry pier island") == found  # nothing changed for its owner
+            assert c.delete(f"/v1/thoughts/{some_a}", headers=a.headers).status_code in (200, 204)
+            assert search(a, "ferry pier island") == found - {some_a}  # the owner's delete: gone at once
+            assert search(b, "ferry pier island") <= mine[b.id]
