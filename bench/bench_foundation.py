@@ -555,6 +555,24 @@ async def stored_org_search(data_dir: Path):
         await memex.stop()
 
 
+def wait_keyword_index(data_dir: Path, timeout: float = 600.0) -> float | None:
+    """Seconds until the keyword index of every organization under ``data_dir`` that has one is current (the
+    service builds it on a large organization's first search and keeps it beside the database, so a service that
+    has been running has it); None when no organization has one."""
+    from services.adapters.keyword_index import index_is_current
+
+    t0 = time.perf_counter()
+    while True:
+        states = [index_is_current(p) for p in sorted((Path(data_dir) / "orgs").glob("*/memex.sqlite3"))]
+        if not any(s is not None for s in states) and time.perf_counter() - t0 > 2.0:
+            return None  # nothing started one (2 s: the first search's catch-up writes state.json once built)
+        if states and all(s is not False for s in states) and any(states):
+            return round(time.perf_counter() - t0, 1)
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"the keyword index under {data_dir} is not current after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def rss_mb(pid: int | None) -> float | None:
     if not pid:
         return None

@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from api.settings import Settings
 from api.wiring import Memex
+from services.adapters.keyword_index import index_is_current
 from services.search.search import SearchOptions
 from tenancy.auth import AuthContext
 from tests.conftest import backend_live, signup
@@ -206,12 +206,7 @@ def test_over_http_each_organization_searches_only_its_own_index():
                 return {h["document_id"] for h in r.json()["results"]}
 
             def current(org) -> bool:
-                state = Path(tmp) / "orgs" / org.id / "memex.sqlite3.keywords" / "state.json"
-                if not state.exists():
-                    return False
-                with sqlite3.connect(Path(tmp) / "orgs" / org.id / "memex.sqlite3") as conn:
-                    return json.loads(state.read_text())["seq"] == conn.execute(
-                        "SELECT max(seq) FROM keyword_changes").fetchone()[0]
+                return bool(index_is_current(Path(tmp) / "orgs" / org.id / "memex.sqlite3"))
 
             deadline = time.monotonic() + 60
             while not (current(a) and current(b)):  # searches start each organization's catch-up

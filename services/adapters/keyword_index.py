@@ -33,7 +33,7 @@ from typing import Any
 
 import tantivy
 
-__all__ = ["KeywordIndex", "BUILD_FROM", "HEAD_SQL"]
+__all__ = ["KeywordIndex", "BUILD_FROM", "HEAD_SQL", "index_is_current"]
 
 log = logging.getLogger("memex.keywords")
 
@@ -51,6 +51,22 @@ HEAD_SQL = (
     "(SELECT document_id FROM keyword_changes ORDER BY seq DESC LIMIT 1) AS last, "
     "(SELECT max(pk) FROM documents_fts_keys) AS size"
 )
+
+
+def index_is_current(db_path: str | Path) -> bool | None:
+    """Whether the keyword index beside the database at ``db_path`` has applied its log's last entry, read from the
+    files (another process's view: benchmarks, tests over HTTP); None when it has none."""
+    state_path = Path(str(db_path) + ".keywords") / "state.json"
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError):
+        return None
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        seq, last, _ = conn.execute(HEAD_SQL).fetchone()
+    finally:
+        conn.close()
+    return (state.get("seq"), state.get("last")) == (seq or 0, last)
 
 
 def _schema() -> Any:
