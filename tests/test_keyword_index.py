@@ -114,6 +114,11 @@ async def test_deletes_and_edits_reach_the_index(env):
     assert await db.keyword_search(org.id, ["coffee", "oat"], 10) == []
     hits = await db.keyword_search(org.id, ["espresso"], 10)
     assert [d for d, _ in hits] == [ids["coffee"]]
+    # the same words as FTS5 finds them: stems and folded diacritics
+    cafe = (await svc.thoughts.capture("The Café Noir on Rue Cler serves espressos until midnight.")).id
+    assert await db.keyword_sync()
+    assert [d for d, _ in await db.keyword_search(org.id, ["cafe"], 10)] == [cafe]
+    assert {d for d, _ in await db.keyword_search(org.id, ["espresso"], 10)} == {ids["coffee"], cafe}
     assert await _found(svc, "visitor badges front desk") == []
 
 

@@ -69,12 +69,29 @@ def index_is_current(db_path: str | Path) -> bool | None:
     return (state.get("seq"), state.get("last")) == (seq or 0, last)
 
 
+#: The content's analyzer, as close to documents_fts's ``porter unicode61`` as tantivy's filters go: words of
+#: letters and digits, lowercased, diacritics folded ("café" finds "cafe"), English stems.
+ANALYZER = "memex_en"
+
+
+def _analyzer() -> Any:
+    return (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
+            .filter(tantivy.Filter.lowercase()).filter(tantivy.Filter.ascii_fold())
+            .filter(tantivy.Filter.stemmer("english")).build())
+
+
+def _registered(index: Any) -> Any:
+    """``index`` with the analyzer its content field names (tantivy keeps only built-in analyzers on disk)."""
+    index.register_tokenizer(ANALYZER, _analyzer())
+    return index
+
+
 def _schema() -> Any:
     sb = tantivy.SchemaBuilder()
     sb.add_text_field("key", stored=False, tokenizer_name="raw", index_option="basic")  # organization "/" document
     sb.add_text_field("org", stored=False, tokenizer_name="raw", index_option="basic")
     sb.add_text_field("id", stored=True, tokenizer_name="raw", index_option="basic")
-    sb.add_text_field("content", stored=False, tokenizer_name="en_stem")
+    sb.add_text_field("content", stored=False, tokenizer_name=ANALYZER)
     return sb.build()
 
 
@@ -252,7 +269,7 @@ class KeywordIndex:
         generation = f"gen-{time.time_ns()}"
         path = self.root / generation
         path.mkdir(parents=True)
-        index = tantivy.Index(_schema(), path=str(path))
+        index = _registered(tantivy.Index(_schema(), path=str(path)))
         writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
         try:
             for org, doc, content in conn.execute("SELECT organization_id, id, content FROM documents"):
@@ -296,7 +313,7 @@ class KeywordIndex:
                     view.index.reload()
                     index = view.index
                 else:
-                    index = tantivy.Index.open(str(self.root / generation))
+                    index = _registered(tantivy.Index.open(str(self.root / generation)))
                 self._open = _Open(index, index.searcher(), generation, seq, last)
             except (ValueError, OSError):
                 log.warning("keyword index of %s: %s does not open; rebuilding", self.root, generation)
