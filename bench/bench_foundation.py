@@ -550,6 +550,10 @@ async def stored_org_search(data_dir: Path):
         org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
         ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
                           scopes=frozenset({"read", "write", "admin"}))
+        # a running service has a large organization's keyword index (built once, kept beside its database)
+        t0 = time.perf_counter()
+        if await (await memex.stores.open(org["id"])).db.keyword_sync():
+            log(f"keyword index current after {time.perf_counter() - t0:.1f} s")
         yield (await memex.for_org(ctx)).search
     finally:
         await memex.stop()
@@ -563,10 +567,12 @@ def wait_keyword_index(data_dir: Path, timeout: float = 600.0) -> float | None:
 
     t0 = time.perf_counter()
     while True:
-        states = [index_is_current(p) for p in sorted((Path(data_dir) / "orgs").glob("*/memex.sqlite3"))]
-        if not any(s is not None for s in states) and time.perf_counter() - t0 > 2.0:
-            return None  # nothing started one (2 s: the first search's catch-up writes state.json once built)
-        if states and all(s is not False for s in states) and any(states):
+        # an organization has one once its directory exists (made when the first build starts)
+        dbs = [p for p in sorted((Path(data_dir) / "orgs").glob("*/memex.sqlite3"))
+               if Path(f"{p}.keywords").is_dir()]
+        if not dbs and time.perf_counter() - t0 > 2.0:
+            return None  # the first search started none in 2 s: no organization is large enough
+        if dbs and all(index_is_current(p) for p in dbs):
             return round(time.perf_counter() - t0, 1)
         if time.perf_counter() - t0 > timeout:
             raise TimeoutError(f"the keyword index under {data_dir} is not current after {timeout:.0f} s")
