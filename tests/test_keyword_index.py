@@ -230,3 +230,26 @@ def test_over_http_each_organization_searches_only_its_own_index():
             assert c.delete(f"/v1/thoughts/{some_a}", headers=a.headers).status_code in (200, 204)
             assert search(a, "ferry pier island") == found - {some_a}  # the owner's delete: gone at once
             assert search(b, "ferry pier island") <= mine[b.id]
+
+
+async def test_a_writer_held_elsewhere_leaves_fts5_answering_until_it_is_released(env):
+    """Another process writing the same index (two services on one data directory): the catch-up cannot take the
+    writer, searches keep finding every thought through FTS5, and the index catches up once the writer is free."""
+    import gc
+
+    import tantivy
+
+    org = await env.org("kwi-locked")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    db = await env.db(org)
+    assert await db.keyword_sync()
+    root = env.memex.stores.directory(org.id) / "memex.sqlite3.keywords"
+    other = tantivy.Index.open(str(root / env.state(org)["generation"])).writer(heap_size=15_000_000, num_threads=1)
+    late = (await svc.thoughts.capture("The ferry company adds a night crossing from the pier.")).id
+    assert not await db.keyword_sync()
+    assert set(await _found(svc, "ferry pier")) == {ids["ferry"], late}
+    del other
+    gc.collect()
+    assert await db.keyword_sync()
+    assert {d for d, _ in await db.keyword_search(org.id, ["ferry", "pier"], 10)} == {ids["ferry"], late}

@@ -41,6 +41,8 @@ log = logging.getLogger("memex.keywords")
 BUILD_FROM = 10_000
 #: Seconds an organization found below ``BUILD_FROM`` goes without the look (one statement) before a search.
 SMALL_TTL = 60.0
+#: Seconds between a failed catch-up and the next attempt.
+RETRY_AFTER = 10.0
 #: Log entries applied per commit while catching up (bounds the memory of one round).
 ROUND = 20_000
 #: The writer's memory budget (tantivy's minimum per thread is 15 MB); the writer lives only while it writes.
@@ -122,6 +124,8 @@ class KeywordIndex:
         self._closed = False
         #: Until when (monotonic) the organization counts as too small to index, once it was seen to be.
         self._small_until = 0.0
+        #: Until when (monotonic) no catch-up starts, after one failed.
+        self._retry_at = 0.0
         #: Catch-up rounds that committed, rebuilds done (for tests and benchmarks).
         self.commits = 0
         self.rebuilds = 0
@@ -168,9 +172,11 @@ class KeywordIndex:
     # -- keeping up ----------------------------------------------------------------------------------
 
     def catch_up(self) -> None:
-        """Start the background catch-up (or build) unless one runs."""
+        """Start the background catch-up (or build) unless one runs, or one failed less than ``RETRY_AFTER``
+        seconds ago (another process holding the index's writer, a full disk: FTS5 answers meanwhile)."""
         with self._lock:
-            if self._closed or (self._thread is not None and self._thread.is_alive()):
+            if self._closed or (self._thread is not None and self._thread.is_alive()) or \
+                    time.monotonic() < self._retry_at:
                 return
             self._thread = threading.Thread(target=self._run, name=f"keywords {self.root.parent.name}", daemon=True)
             self._thread.start()
@@ -179,6 +185,7 @@ class KeywordIndex:
         """Catch up now and wait (tests, benchmarks, ``memex`` commands): True when the index is current."""
         if not self._loaded:
             self._load()
+        self._retry_at = 0.0
         self.catch_up()
         thread = self._thread
         if thread is not None:
@@ -205,8 +212,10 @@ class KeywordIndex:
             for _ in range(1000):  # rounds until current (ROUND entries each); bounded against a runaway writer
                 if self._closed or self._step(conn):
                     return
-        except Exception:  # the index is an accelerator: FTS5 keeps answering; the next search tries again
-            log.warning("keyword index of %s: catch-up failed", self.root, exc_info=True)
+        except Exception:  # the index is an accelerator: FTS5 keeps answering; a later search tries again
+            self._retry_at = time.monotonic() + RETRY_AFTER
+            log.warning("keyword index of %s: catch-up failed; FTS5 answers, retrying in %.0f s", self.root,
+                        RETRY_AFTER, exc_info=True)
         finally:
             conn.close()
 
