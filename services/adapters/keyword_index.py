@@ -63,7 +63,7 @@ def index_is_current(db_path: str | Path) -> bool | None:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):
         return None
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     try:
         seq, last, _ = conn.execute(HEAD_SQL).fetchone()
     finally:
@@ -251,16 +251,16 @@ class KeywordIndex:
         changed = conn.execute(
             "SELECT DISTINCT organization_id, document_id FROM keyword_changes WHERE seq > ? AND seq <= ?",
             (view.seq, upto)).fetchall()
-        rows = conn.execute(
-            "SELECT d.organization_id, d.id, d.content FROM documents d WHERE EXISTS (SELECT 1 FROM keyword_changes k "
-            "WHERE k.seq > ? AND k.seq <= ? AND k.organization_id = d.organization_id AND k.document_id = d.id)",
-            (view.seq, upto)).fetchall()
         last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (upto,)).fetchone()[0]
         writer = view.index.writer(heap_size=WRITER_HEAP, num_threads=1)
         try:
-            for org, doc in changed:
+            for org, doc in changed:  # deletes first: a delete removes what was added before it
                 writer.delete_documents_by_term("key", f"{org}/{doc}")
-            for org, doc, content in rows:
+            # the changed documents that still exist, streamed (a round's texts may be large)
+            for org, doc, content in conn.execute(
+                    "SELECT d.organization_id, d.id, d.content FROM (SELECT DISTINCT organization_id, document_id "
+                    "FROM keyword_changes WHERE seq > ? AND seq <= ?) AS k CROSS JOIN documents d "
+                    "ON d.organization_id = k.organization_id AND d.id = k.document_id", (view.seq, upto)):
                 writer.add_document(tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content))
             if self._closed:
                 writer.rollback()
