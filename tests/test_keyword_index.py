@@ -173,6 +173,23 @@ async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answer
     assert {d for d, _ in hits} == {ids["ferry"], late}
 
 
+async def test_zero_turns_the_index_off(tmp_path):
+    memex = Memex(Settings(data_dir=tmp_path, embedder="hash", keyword_index_from=0, run_worker=False))
+    await memex.start(worker=False)
+    try:
+        org, _ = await memex.orgs.create(name="off", slug="kwi-off")
+        svc = await memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="t",
+                                              scopes=frozenset({"admin"})))
+        ids = await _capture_facts(svc)
+        db = (await memex.stores.open(org.id)).db
+        assert not await db.keyword_sync()
+        assert await db.keyword_search(org.id, ["ferry"], 10) is None
+        assert await _found(svc, "ferry pier") == [ids["ferry"]]
+        assert not (memex.stores.directory(org.id) / "memex.sqlite3.keywords").exists()
+    finally:
+        await memex.stop()
+
+
 async def test_an_organization_below_the_threshold_gets_no_index(tmp_path):
     memex = Memex(Settings(data_dir=tmp_path, embedder="hash", keyword_index_from=5, run_worker=False))
     await memex.start(worker=False)

@@ -40,6 +40,8 @@ def test_the_local_reranker_is_refused_while_no_adapter_ships():
     ("MEMEX_KEY_RATE_PER_MINUTE", "fast", "MEMEX_KEY_RATE_PER_MINUTE must be an integer"),
     ("MEMEX_RANK_TASK_HALF_LIFE_DAYS", "a week", "MEMEX_RANK_TASK_HALF_LIFE_DAYS must be a number"),
     ("MEMEX_RANK_RECALL_TOP", "0", "MEMEX_RANK_RECALL_TOP is no longer a setting: searches no longer count"),
+    ("MEMEX_KEYWORD_INDEX_FROM", "-1", "MEMEX_KEYWORD_INDEX_FROM must be 0 \\(off\\) or a number of thoughts"),
+    ("MEMEX_KEYWORD_INDEX_FROM", "many", "MEMEX_KEYWORD_INDEX_FROM must be an integer"),
 ])
 def test_from_env_refuses(monkeypatch, env, value, text):
     monkeypatch.setenv(env, value)
