@@ -10,6 +10,7 @@ import json
 import sqlite3
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,14 @@ FACTS = {
 }
 
 
-def _settings(tmp: Path) -> Settings:
-    return Settings(data_dir=tmp, embedder="hash", keyword_index_from=1, run_worker=False)
-
-
 class Env:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    def __init__(self, tmp: Path, index_from: int = 1) -> None:
+        self.tmp, self.index_from = tmp, index_from
         self.memex: Memex | None = None
 
     async def open(self) -> None:
-        self.memex = Memex(_settings(self.tmp))
+        self.memex = Memex(Settings(data_dir=self.tmp, embedder="hash", keyword_index_from=self.index_from,
+                                    run_worker=False))
         await self.memex.start(worker=False)
 
     async def close(self) -> None:
@@ -65,14 +63,20 @@ async def _found(svc, query: str) -> list[str]:
     return [h.document_id for h in res.results]
 
 
-@pytest.fixture
-async def env(tmp_path):
-    e = Env(tmp_path)
+@asynccontextmanager
+async def opened(tmp: Path, index_from: int = 1):
+    e = Env(tmp, index_from)
     await e.open()
     try:
         yield e
     finally:
         await e.close()
+
+
+@pytest.fixture
+async def env(tmp_path):
+    async with opened(tmp_path) as e:
+        yield e
 
 
 async def _capture_facts(svc) -> dict[str, str]:
@@ -174,39 +178,29 @@ async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answer
 
 
 async def test_zero_turns_the_index_off(tmp_path):
-    memex = Memex(Settings(data_dir=tmp_path, embedder="hash", keyword_index_from=0, run_worker=False))
-    await memex.start(worker=False)
-    try:
-        org, _ = await memex.orgs.create(name="off", slug="kwi-off")
-        svc = await memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="t",
-                                              scopes=frozenset({"admin"})))
+    async with opened(tmp_path, index_from=0) as env:
+        org = await env.org("kwi-off")
+        svc = await env.svc(org)
         ids = await _capture_facts(svc)
-        db = (await memex.stores.open(org.id)).db
+        db = await env.db(org)
         assert not await db.keyword_sync()
         assert await db.keyword_search(org.id, ["ferry"], 10) is None
         assert await _found(svc, "ferry pier") == [ids["ferry"]]
-        assert not (memex.stores.directory(org.id) / "memex.sqlite3.keywords").exists()
-    finally:
-        await memex.stop()
+        assert not (env.memex.stores.directory(org.id) / "memex.sqlite3.keywords").exists()
 
 
 async def test_an_organization_below_the_threshold_gets_no_index(tmp_path):
-    memex = Memex(Settings(data_dir=tmp_path, embedder="hash", keyword_index_from=5, run_worker=False))
-    await memex.start(worker=False)
-    try:
-        org, _ = await memex.orgs.create(name="small", slug="kwi-small")
-        svc = await memex.for_org(AuthContext(org_id=org.id, org_slug=org.slug, principal="t",
-                                              scopes=frozenset({"admin"})))
+    async with opened(tmp_path, index_from=5) as env:
+        org = await env.org("kwi-small")
+        svc = await env.svc(org)
         for text in list(FACTS.values())[:3]:
             await svc.thoughts.capture(text)
-        db = (await memex.stores.open(org.id)).db
+        db = await env.db(org)
         assert not await db.keyword_sync()
-        assert not (memex.stores.directory(org.id) / "memex.sqlite3.keywords" / "state.json").exists()
+        assert not (env.memex.stores.directory(org.id) / "memex.sqlite3.keywords" / "state.json").exists()
         for text in list(FACTS.values())[3:] + ["One more note about the ferry.", "And the pier."]:
             await svc.thoughts.capture(text)
         assert await db.keyword_sync()  # five thoughts: indexed
-    finally:
-        await memex.stop()
 
 
 def test_over_http_each_organization_searches_only_its_own_index():
