@@ -264,3 +264,19 @@ async def test_a_writer_held_elsewhere_leaves_fts5_answering_until_it_is_release
     gc.collect()
     assert await db.keyword_sync()
     assert {d for d, _ in await db.keyword_search(org.id, ["ferry", "pier"], 10)} == {ids["ferry"], late}
+
+
+async def test_a_row_of_another_organization_in_the_database_is_never_a_hit(env):
+    """Defence in depth, as every statement filters on organization_id: a document row of another organization
+    planted in this organization's database is indexed with its organization and never returned to this one."""
+    org = await env.org("kwi-planted")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    with sqlite3.connect(env.memex.stores.directory(org.id) / "memex.sqlite3") as conn:
+        conn.execute("INSERT INTO documents (organization_id, id, content, content_hash, created_at, updated_at) "
+                     "VALUES ('org_intruder', 'doc_planted', 'The ferry pier ferry pier ferry pier.', 'h', 1, 1)")
+    db = await env.db(org)
+    assert await db.keyword_sync()
+    assert [d for d, _ in await db.keyword_search(org.id, ["ferry", "pier"], 10)] == [ids["ferry"]]
+    assert [d for d, _ in await db.keyword_search("org_intruder", ["ferry", "pier"], 10)] == ["doc_planted"]
+    assert await _found(svc, "ferry pier") == [ids["ferry"]]

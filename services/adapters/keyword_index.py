@@ -126,9 +126,6 @@ class KeywordIndex:
         self._small_until = 0.0
         #: Until when (monotonic) no catch-up starts, after one failed.
         self._retry_at = 0.0
-        #: Catch-up rounds that committed, rebuilds done (for tests and benchmarks).
-        self.commits = 0
-        self.rebuilds = 0
 
     # -- searching ---------------------------------------------------------------------------------
 
@@ -159,10 +156,11 @@ class KeywordIndex:
             self.catch_up()
             return None
         try:
+            # the organization as a filter (scoring nothing: defence in depth, the database is its own alone)
+            mine = tantivy.Query.const_score_query(tantivy.Query.term_query(view.index.schema, "org", org_id), 0.0)
             query = tantivy.Query.boolean_query(
-                [(tantivy.Occur.Must, tantivy.Query.term_query(view.index.schema, "org", org_id)),
-                 (tantivy.Occur.Must, tantivy.Query.boolean_query(
-                     [(tantivy.Occur.Should, view.index.parse_query(w, ["content"])) for w in words]))])
+                [(tantivy.Occur.Must, mine), (tantivy.Occur.Must, tantivy.Query.boolean_query(
+                    [(tantivy.Occur.Should, view.index.parse_query(w, ["content"])) for w in words]))])
             hits = view.searcher.search(query, limit).hits
             return [(view.searcher.doc(addr)["id"][0], float(score)) for score, addr in hits]
         except (ValueError, OSError):  # a word the parser refuses, a file gone: FTS5 answers
@@ -271,7 +269,6 @@ class KeywordIndex:
         self._save(view.generation, upto, last)
         view.index.reload()
         self._publish(_Open(view.index, view.index.searcher(), view.generation, upto, last))
-        self.commits += 1
 
     def _rebuild(self, conn: sqlite3.Connection, top: int) -> None:
         last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (top,)).fetchone() if top else None
@@ -292,7 +289,6 @@ class KeywordIndex:
         self._save(generation, top, last[0] if last else None)
         index.reload()
         self._publish(_Open(index, index.searcher(), generation, top, last[0] if last else None))
-        self.rebuilds += 1
         self._sweep(keep=generation)
 
     # -- the files -------------------------------------------------------------------------------------
