@@ -191,11 +191,11 @@ class SqliteDatabase:
             return None
         return await asyncio.to_thread(kw.search, org_id, words, limit)
 
-    async def keyword_sync(self) -> bool:
+    async def keyword_sync(self, timeout: float = 120.0) -> bool:
         """Bring the keyword index up to date now (builds it if the organization is large enough): True when it
         is current. For tests, benchmarks and tools; the service catches up on its own."""
         kw = self._keywords
-        return kw is not None and await asyncio.to_thread(kw.sync)
+        return kw is not None and await asyncio.to_thread(kw.sync, timeout)
 
     def _checkpoint(self) -> None:
         with self._write_lock:

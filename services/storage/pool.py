@@ -146,10 +146,10 @@ class PooledDatabase(_Pooled[SqlDatabase]):
             return await search(org_id, words, limit) if search is not None else None
         return await self._call(call)
 
-    async def keyword_sync(self) -> bool:
+    async def keyword_sync(self, timeout: float = 120.0) -> bool:
         async def call(db: SqlDatabase) -> bool:
             sync = getattr(db, "keyword_sync", None)
-            return bool(await sync()) if sync is not None else False
+            return bool(await sync(timeout)) if sync is not None else False
         return await self._call(call)
 
 
