@@ -7,6 +7,7 @@ index), then over HTTP with two organizations."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -147,7 +148,7 @@ async def test_a_restart_opens_the_index_without_rebuilding_and_catches_up(env):
     assert [d for d, _ in await db.keyword_search(org.id, ["ferry"], 10)] == [ids["ferry"]]
 
 
-@pytest.mark.parametrize("damage", ["state", "index", "log"])
+@pytest.mark.parametrize("damage", ["state", "elsewhere", "index", "log"])
 async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answers(env, damage):
     org = await env.org(f"kwi-damage-{damage}")
     svc = await env.svc(org)
@@ -159,6 +160,9 @@ async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answer
     await env.close()
     if damage == "state":
         (root / "state.json").write_text("{not json")
+    elif damage == "elsewhere":  # a state naming an index outside the index's own directory is not opened
+        shutil.copytree(root / before["generation"], root.parent / "gen-9")
+        (root / "state.json").write_text(json.dumps({**before, "generation": "../gen-9"}))
     elif damage == "index":
         for f in (root / before["generation"]).iterdir():
             if f.name == "meta.json":

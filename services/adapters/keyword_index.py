@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -304,6 +305,8 @@ class KeywordIndex:
                 generation, seq, last = str(state["generation"]), int(state["seq"]), state["last"]
                 if last is not None and not isinstance(last, str):
                     raise ValueError("last must be a document id")
+                if not re.fullmatch(r"gen-\d+", generation):  # a name inside root, nothing else
+                    raise ValueError(f"not a generation: {generation!r}")
             except FileNotFoundError:
                 return
             except (OSError, ValueError, KeyError, TypeError):
