@@ -537,9 +537,9 @@ def code_revision() -> str:
 
 
 @asynccontextmanager
-async def stored_org_search(data_dir: Path):
-    """The search service of the organization a kept bench data set holds, in process, as ``memex serve`` builds it
-    with the hash embedder the set was loaded with and no worker (the data does not change)."""
+async def stored_org(data_dir: Path):
+    """The organization a kept bench data set holds, in process, as ``memex serve`` builds it with the hash embedder
+    the set was loaded with and no worker: yields (memex, its organization row, its services)."""
     from api.settings import Settings
     from api.wiring import Memex
     from tenancy.models import AuthContext
@@ -550,13 +550,21 @@ async def stored_org_search(data_dir: Path):
         org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
         ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
                           scopes=frozenset({"read", "write", "admin"}))
+        yield memex, org, await memex.for_org(ctx)
+    finally:
+        await memex.stop()
+
+
+@asynccontextmanager
+async def stored_org_search(data_dir: Path):
+    """The search service of the organization a kept bench data set holds (``stored_org``; the data does not
+    change), its keyword index current first."""
+    async with stored_org(data_dir) as (memex, org, services):
         # a running service has a large organization's keyword index (built once, kept beside its database)
         t0 = time.perf_counter()
         if await (await memex.stores.open(org["id"])).db.keyword_sync():
             log(f"keyword index current after {time.perf_counter() - t0:.1f} s")
-        yield (await memex.for_org(ctx)).search
-    finally:
-        await memex.stop()
+        yield services.search
 
 
 def wait_keyword_index(data_dir: Path, timeout: float = 600.0) -> float | None:

@@ -24,24 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_foundation import NoteGenerator, log  # noqa: E402
+from bench_foundation import NoteGenerator, log, stored_org  # noqa: E402
 
 
 async def run(data_dir: Path, bursts: list[int]) -> dict:
-    from api.settings import Settings
-    from api.wiring import Memex
-    from tenancy.models import AuthContext
-
     for path in (data_dir / "orgs").glob("*/memex.sqlite3.keywords"):  # derived data: rebuilt below
         shutil.rmtree(path)
-    memex = Memex(Settings(data_dir=data_dir, embedder="hash", run_worker=False))
-    await memex.start(worker=False)
     out: dict = {"bench": "keyword_index"}
-    try:
-        org = (await memex.backend.control.execute("SELECT id, slug FROM organizations", ())).rows[0]
-        ctx = AuthContext(org_id=org["id"], org_slug=org["slug"], principal="bench",
-                          scopes=frozenset({"read", "write", "admin"}))
-        svc = await memex.for_org(ctx)
+    async with stored_org(data_dir) as (memex, org, svc):
         db = (await memex.stores.open(org["id"])).db
         path = memex.stores.directory(org["id"]) / "memex.sqlite3.keywords"
         t0 = time.perf_counter()
@@ -68,8 +58,6 @@ async def run(data_dir: Path, bursts: list[int]) -> dict:
             out[f"captures_{n}"] = {"behind_after": behind, "catch_up_s": round(caught, 3),
                                     "deletes_catch_up_s": round(time.perf_counter() - t0, 3)}
             log(f"{n} captures: caught up in {caught:.3f} s; their deletes in {out[f'captures_{n}']['deletes_catch_up_s']} s")
-    finally:
-        await memex.stop()
     return out
 
 
