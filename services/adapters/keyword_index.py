@@ -65,11 +65,17 @@ def index_is_current(db_path: str | Path) -> bool | None:
     except (OSError, ValueError):
         return None
     conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
     try:
-        seq, last, _ = conn.execute(HEAD_SQL).fetchone()
+        head = conn.execute(HEAD_SQL).fetchone()
     finally:
         conn.close()
-    return (state.get("seq"), state.get("last")) == (seq or 0, last)
+    return (state.get("seq"), state.get("last")) == _position(head)
+
+
+def _position(head: Any) -> tuple[int, str | None]:
+    """The log's last entry (a ``HEAD_SQL`` row) as an index position: (seq, its document); (0, None) when empty."""
+    return head["seq"] or 0, head["last"]
 
 
 #: The content's analyzer, as close to documents_fts's ``porter unicode61`` as tantivy's filters go: words of
@@ -89,6 +95,10 @@ def _registered(index: Any) -> Any:
     return index
 
 
+def _document(org: str, doc: str, content: str) -> Any:
+    return tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content)
+
+
 def _schema() -> Any:
     sb = tantivy.SchemaBuilder()
     sb.add_text_field("key", stored=False, tokenizer_name="raw", index_option="basic")  # organization "/" document
@@ -106,6 +116,10 @@ class _Open:
     generation: str
     seq: int
     last: str | None
+
+    @property
+    def position(self) -> tuple[int, str | None]:
+        return self.seq, self.last
 
 
 class KeywordIndex:
@@ -153,7 +167,7 @@ class KeywordIndex:
             else:
                 self._small_until = time.monotonic() + SMALL_TTL
             return None
-        if (view.seq, view.last) != (head["seq"] or 0, head["last"]):
+        if view.position != _position(head):
             self.catch_up()
             return None
         try:
@@ -191,7 +205,7 @@ class KeywordIndex:
             thread.join(timeout)
         view = self._open
         head = self._read(HEAD_SQL, ())[0]
-        return view is not None and (view.seq, view.last) == (head["seq"] or 0, head["last"])
+        return view is not None and view.position == _position(head)
 
     def close(self) -> None:
         with self._lock:
@@ -260,16 +274,14 @@ class KeywordIndex:
                     "SELECT d.organization_id, d.id, d.content FROM (SELECT DISTINCT organization_id, document_id "
                     "FROM keyword_changes WHERE seq > ? AND seq <= ?) AS k CROSS JOIN documents d "
                     "ON d.organization_id = k.organization_id AND d.id = k.document_id", (view.seq, upto)):
-                writer.add_document(tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content))
+                writer.add_document(_document(org, doc, content))
             if self._closed:
                 writer.rollback()
                 return
             writer.commit()
         finally:
             writer.wait_merging_threads()
-        self._save(view.generation, upto, last)
-        view.index.reload()
-        self._publish(_Open(view.index, view.index.searcher(), view.generation, upto, last))
+        self._switch(view.index, view.generation, upto, last)
 
     def _rebuild(self, conn: sqlite3.Connection, top: int) -> None:
         last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (top,)).fetchone() if top else None
@@ -283,13 +295,11 @@ class KeywordIndex:
                 if self._closed:
                     writer.rollback()
                     return
-                writer.add_document(tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content))
+                writer.add_document(_document(org, doc, content))
             writer.commit()
         finally:
             writer.wait_merging_threads()
-        self._save(generation, top, last[0] if last else None)
-        index.reload()
-        self._publish(_Open(index, index.searcher(), generation, top, last[0] if last else None))
+        self._switch(index, generation, top, last[0] if last else None)
         self._sweep(keep=generation)
 
     # -- the files -------------------------------------------------------------------------------------
@@ -314,7 +324,7 @@ class KeywordIndex:
                 self._open = None
                 return
             view = self._open
-            if view is not None and (view.generation, view.seq, view.last) == (generation, seq, last):
+            if view is not None and view.generation == generation and view.position == (seq, last):
                 return
             try:
                 if view is not None and view.generation == generation:
@@ -340,10 +350,13 @@ class KeywordIndex:
         finally:
             os.close(fd)
 
-    def _publish(self, view: _Open) -> None:
+    def _switch(self, index: Any, generation: str, seq: int, last: str | None) -> None:
+        """After a commit: save the position, then let searches read the committed index at it."""
+        self._save(generation, seq, last)
+        index.reload()
         with self._lock:
             if not self._closed:
-                self._open = view
+                self._open = _Open(index, index.searcher(), generation, seq, last)
 
     def _sweep(self, keep: str) -> None:
         for p in self.root.glob("gen-*"):
