@@ -230,7 +230,8 @@ class Memex:
                               decisions=self.decisions(sql, vectors),
                               on_use=lambda ids, fetched=False, org_id=ctx.org_id:
                                   self.ranking.used(org_id, ids, fetched=fetched)),
-            search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker),
+            search=Search(sql, vectors, emb, self.hydrators, ranking=self.ranking, reranker=self.backend.reranker,
+                          recent=self.recent_vectors),
             keys=self.keys.for_org(ctx.org_id),
             bindings=OrgBindings(OrgSql(self.control, ctx.org_id)),
             conversations=Conversations(sql, vectors, emb, locks=self.conversation_locks,
@@ -245,4 +246,4 @@ class Memex:
         config = self.knowledge_config if policy is None else KnowledgeConfig(self.knowledge_config.cache_root, policy)
         return Knowledge(sql, vectors, self.backend.embedder, OrgSql(self.control, org_id), config,
                          reranker=self.backend.reranker, rerank_cache=self.ranking.rerank_cache,
-                         on_enqueue=lambda: self.wake(org_id))
+                         recent=self.recent_vectors, on_enqueue=lambda: self.wake(org_id))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -52,9 +53,16 @@ class Live:
     #: "embedded", or "cloudflare" (D1 + Vectorize served by tests/cloudflare_emulator)
     backend: str = "embedded"
     emulator: object | None = None
+    #: The event loop the app serves on (``run``).
+    loop: asyncio.AbstractEventLoop | None = None
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=60, **kw)
+
+    def run(self, coro, timeout: float = 120.0):
+        """Run ``coro`` on the app's own event loop (e.g. ``memex.worker.drain()`` of a service started without
+        its worker) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def _control_path(self) -> Path:
         if self.backend == "cloudflare":
@@ -181,9 +189,10 @@ def start_live(tmp: Path, **overrides):
         **overrides,
     )
     memex = Memex(settings)
-    ctx = serve(create_app(memex=memex))
+    loops: list = []
+    ctx = serve(create_app(memex=memex), on_loop=loops.append)
     base = ctx.__enter__()
-    return Live(base, memex, tmp), ctx
+    return Live(base, memex, tmp, loop=loops[0]), ctx
 
 
 @pytest.fixture(scope="session", params=["embedded", "cloudflare"])

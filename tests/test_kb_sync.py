@@ -476,8 +476,8 @@ def test_each_side_filters_on_its_own(kb_live, side):
             search = knowledge.search(reader)
             out = []
             for flt, _ in cases:
-                rows = await (search._keyword(KEYWORDS[entry_id], flt) if side == "keyword"
-                              else search._vector(KEYWORDS[entry_id], flt))
+                rows, _ = await (search._keyword(KEYWORDS[entry_id], flt) if side == "keyword"
+                                 else search._vector(KEYWORDS[entry_id], flt))
                 by_uid = await reader.rows_by_uid([r[2] for r in rows])
                 out.append(entry_id in {by_uid[r[2]]["id"] for r in rows if r[2] in by_uid})
             return out

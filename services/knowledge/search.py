@@ -27,6 +27,7 @@ from services.ports import Embedder, Reranker
 from services.search.fusion import KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, floor_terms, fts_query, fuse, query_terms
 from services.search.ranking import RerankCache
 from services.search.relevance import relevance_floor
+from services.search.unindexed import embed_unindexed
 from services.storage.scoped import OrgVectors
 
 __all__ = ["KnowledgeSearch", "MAX_LIMIT", "RERANK_DEPTH"]
@@ -57,13 +58,14 @@ class _Ranked:
 
 class KnowledgeSearch:
     def __init__(self, reader: KnowledgeReader, vectors: OrgVectors, embedder: Embedder, *,
-                 reranker: Reranker | None = None, rerank_cache: RerankCache | None = None) -> None:
+                 reranker: Reranker | None = None, rerank_cache: RerankCache | None = None, recent: Any = None) -> None:
         self.reader = reader
         self.sql = reader.sql
         self.vectors = vectors
         self.embedder = embedder
         self.reranker = reranker
         self.rerank_cache = rerank_cache
+        self.recent = recent
 
     async def search(self, query: str, filters: Filters | None = None, *, limit: int = 5,
                      include_documents: bool = False) -> KnowledgeSearchResult:
@@ -75,9 +77,15 @@ class KnowledgeSearch:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise InvalidInput(f"limit must be 1-{MAX_LIMIT}", details={"field": "limit"})
         filters = (filters or Filters()).check()
-        keyword = await self._keyword(query, filters)
-        vector = await self._vector(query, filters)
-        ranked = fuse(keyword, vector, key=lambda _c, kind, parent: (kind, parent))
+        keyword, waiting = await self._keyword(query, filters)
+        vector, query_vector = await self._vector(query, filters)
+        # entries synced moments ago (their chunks not embedded yet) are scored by their meaning too
+        on_vector_side = {r[2] for r in vector}
+        firsts = {r[2]: r[0] for r in reversed(keyword)}  # each entry's best keyword chunk
+        unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
+            waiting[r[0]] for r in keyword
+            if r[0] in waiting and firsts[r[2]] == r[0] and r[2] not in on_vector_side])
+        ranked = fuse(keyword, vector, key=lambda _c, kind, parent: (kind, parent), unindexed=unindexed)
         # An entry the query's words found shows (and is judged by the relevance floor on) the passage holding them,
         # not a nearer passage by meaning that may hold none of them.
         worded: dict[str, str] = {}
@@ -99,20 +107,28 @@ class KnowledgeSearch:
                 c.hit.document = docs.get(c.hit.id)
         return KnowledgeSearchResult(query=query, results=[c.hit for c in top])
 
-    async def _keyword(self, query: str, filters: Filters) -> list[tuple[str, str, str, float]]:
+    async def _keyword(self, query: str, filters: Filters) -> tuple[list[tuple[str, str, str, float]],
+                                                                    dict[str, dict[str, Any]]]:
+        """The keyword side, best first, and its chunks whose vectors are not in the index yet (id -> id, kind,
+        parent_id, content: ``services.search.unindexed``), read with it."""
         match = fts_query(query)
         if match is None:
-            return []
+            return [], {}
         where, params = filters.sql("e", 5)
         rows = await self.sql.rows(
-            "SELECT c.id, c.parent_id, bm25(chunks_fts) AS bm25 FROM chunks_fts JOIN chunks c ON c.pk = chunks_fts.rowid "
+            "SELECT c.id, c.parent_id, bm25(chunks_fts) AS bm25, CASE WHEN c.indexed_at IS NULL OR "
+            "c.vector_mutation IS NOT NULL THEN c.content END AS waiting FROM chunks_fts "
+            "JOIN chunks c ON c.pk = chunks_fts.rowid "
             "JOIN knowledge_entries e ON e.organization_id = c.organization_id AND e.uid = c.parent_id "
             "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "
             f"AND c.kind = 'knowledge' AND e.kb_id = ?3{where} ORDER BY rank LIMIT ?4",
             [match, self.reader.kb_id, KEYWORD_DEPTH, *params])
-        return [(r["id"], "knowledge", r["parent_id"], -float(r["bm25"])) for r in rows]  # bm25() is negated
+        waiting = {r["id"]: {"id": r["id"], "kind": "knowledge", "parent_id": r["parent_id"], "content": r["waiting"]}
+                   for r in rows if r["waiting"] is not None}
+        return [(r["id"], "knowledge", r["parent_id"], -float(r["bm25"])) for r in rows], waiting  # bm25() is negated
 
-    async def _vector(self, query: str, filters: Filters) -> list[tuple[str, str, str, float]]:
+    async def _vector(self, query: str, filters: Filters) -> tuple[list[tuple[str, str, str, float]], Any]:
+        """The vector side, best first, and the query's vector."""
         vec = await self.embedder.embed_query(query)
         matches = await self.vectors.query(vec, top_k=VECTOR_DEPTH, filter=filters.vector_filter(self.reader.kb_id),
                                            return_metadata=True)
@@ -125,7 +141,7 @@ class KnowledgeSearch:
                 f"AND e.uid IN (SELECT value FROM json_each(?3)){where}",
                 [self.reader.kb_id, _json([p for _, _, p, _ in out]), *params])}
             out = [r for r in out if r[2] in keep]
-        return out
+        return out, vec
 
     async def _hydrate(self, ranked: Sequence[Candidate], terms: list[str]) -> list[_Ranked]:
         if not ranked:

@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.jobs.worker import Job
 from services.knowledge.bases import KnowledgeBases, SourcePolicy
@@ -42,6 +43,8 @@ class Knowledge:
     config: KnowledgeConfig
     reranker: Reranker | None = None
     rerank_cache: RerankCache | None = None
+    #: RecentVectors: what a search embeds of entries not indexed yet, left for their embedding job.
+    recent: Any = None
     on_enqueue: Callable[[], None] = lambda: None
 
     @property
@@ -53,7 +56,7 @@ class Knowledge:
 
     def search(self, reader: KnowledgeReader) -> KnowledgeSearch:
         return KnowledgeSearch(reader, self.vectors, self.embedder, reranker=self.reranker,
-                               rerank_cache=self.rerank_cache)
+                               rerank_cache=self.rerank_cache, recent=self.recent)
 
     async def delete(self, ref: str) -> str:
         """Delete a knowledge base: rows, then vectors (nothing left behind), then its git mirror."""

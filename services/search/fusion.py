@@ -105,12 +105,16 @@ def fuse(
     keyword_depth: int = KEYWORD_DEPTH,
     vector_depth: int = VECTOR_DEPTH,
     vector_weight: float = VECTOR_WEIGHT,
+    unindexed: Sequence[VectorRow] = (),
 ) -> list[Candidate]:
     """Convex combination of max-normalised BM25 and cosine scores, per ``key`` (see the module docstring).
 
     ``key(chunk_id, kind, parent_id)`` names what one result stands for (the parent, or the chunk itself).
     Each list must be best first. Returns the candidates best first (ties: the vector side's order, then the
     keyword side's). The candidate's chunk is the one of the side contributing more to its score.
+
+    ``unindexed``: exact cosines of chunks the index does not hold yet (``services.search.search``): they join the
+    vector side as if it had returned them, but the side's floor stays that of the index's own list.
     """
     def collapse(rows):
         best: dict[tuple[str, str], tuple[int, tuple]] = {}
@@ -120,6 +124,9 @@ def fuse(
                 best[k] = (len(best) + 1, row)
         return best
 
+    cut = len(vector) >= vector_depth
+    if unindexed:
+        vector = sorted([*vector, *unindexed], key=lambda r: r[3], reverse=True)  # stable: the index's rows first
     kw, vec = collapse(keyword), collapse(vector)
     kw_max = max((r[3] for _, r in kw.values()), default=0.0)
     vec_max = max((max(r[3], 0.0) for _, r in vec.values()), default=0.0)
@@ -127,7 +134,8 @@ def fuse(
     vec_norm = {k: (max(r[3], 0.0) / vec_max if vec_max > 0 else 0.0) for k, (_, r) in vec.items()}
     # A side cut at its depth may hold a missed candidate just below its last one; an exhaustive side does not.
     kw_floor = min(kw_norm.values()) if kw_norm and len(keyword) >= keyword_depth else 0.0
-    vec_floor = min(vec_norm.values()) if vec_norm and len(vector) >= vector_depth else 0.0
+    extra = {r[0] for r in unindexed}
+    vec_floor = min((vec_norm[k] for k, (_, r) in vec.items() if r[0] not in extra), default=0.0) if cut else 0.0
     out: list[Candidate] = []
     for k in list(vec) + [k for k in kw if k not in vec]:
         v_rank, v_row = vec.get(k, (None, None))

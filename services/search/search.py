@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from services.errors import InvalidInput
 from services.models import SearchHit, SearchResult
 from services.ports import Embedder, Reranker
@@ -33,6 +35,7 @@ from services.search.fusion import (
 from services.search.ranking import Ranking
 from services.search.relevance import relevance_floor
 from services.search.selective import Selective
+from services.search.unindexed import embed_unindexed
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = ["SearchOptions", "Search", "Hydrator", "KINDS", "MAX_TOP_K", "OVERFETCH", "RERANK_DEPTH"]
@@ -91,12 +94,15 @@ class Hydrator(Protocol):
 class Search:
     def __init__(
         self, sql: OrgSql, vectors: OrgVectors, embedder: Embedder, hydrators: dict[str, Hydrator],
-        ranking: Ranking | None = None, reranker: Reranker | None = None,
+        ranking: Ranking | None = None, reranker: Reranker | None = None, recent: Any = None,
     ) -> None:
         self.sql = sql
         self.vectors = vectors
         self.embedder = embedder
         self.hydrators = hydrators
+        #: RecentVectors (services.search.recent_vectors): a chunk ``_unindexed`` embeds is left there for its
+        #: embedding job, which takes it instead of running the model again; None: nothing is shared.
+        self.recent = recent
         #: recency x frequency x importance x penalty after fusion (services.search.ranking); None: fused order.
         self.ranking = ranking
         self.reranker = reranker
@@ -134,17 +140,25 @@ class Search:
             # side's statements (its thought hits read with what their hits need) and the reading of the vector
             # side's thoughts. The hydrator then reads nothing. The same round trips in sequence as the two sides
             # side by side and a hydration request after them, one request fewer (bench/README.md).
-            vector = await self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH)
+            vector, query_vector = await self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH)
             keyword, prefetched = await self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window,
                                                       prefetch=(thoughts, vector))
+            # the keyword hits came hydrated with their first chunk: its text and whether it is indexed
+            ahead = {r["hydrated_chunk_id"]: r for r in prefetched or ()}
+            unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
+                {"id": r[0], "kind": r[1], "parent_id": r[2], "content": ahead[r[0]]["chunk_content"]}
+                for r in self._not_on_vector_side(keyword, vector)
+                if r[1] == "thought" and r[0] in ahead and (ahead[r[0]]["chunk_indexed_at"] is None
+                                                            or ahead[r[0]]["chunk_vector_mutation"] is not None)])
         else:
-            (keyword, _), vector = await asyncio.gather(
+            (keyword, _), (vector, query_vector) = await asyncio.gather(
                 self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window),
                 self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH),
             )
+            unindexed = await self._unindexed(query_vector, keyword, vector)
         # A document-level keyword hit shows the thought's best chunk by the vector side (else its first chunk).
         best_chunk: dict[str, str] = {}
-        for chunk_id, kind, parent, _ in vector:
+        for chunk_id, kind, parent, _ in sorted([*vector, *unindexed], key=lambda r: r[3], reverse=True):
             if kind == "thought":
                 best_chunk.setdefault(parent, chunk_id)
         keyword = [(best_chunk.get(r[2], r[0]), *r[1:]) if r[1] == "thought" else r for r in keyword]
@@ -153,7 +167,7 @@ class Search:
             per_parent = self.hydrators[kind_of[kind]].collapse_per_parent
             return (kind, parent_id if per_parent else chunk_id)
 
-        ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH)
+        ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH, unindexed=unindexed)
         if not opts.tags:  # hydrate what the ranking stage and the reranker can use, not every candidate
             # (a hydrator that ranks parts of its candidates, conversation turns, asks for a deeper list)
             cut = max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)
@@ -339,7 +353,9 @@ class Search:
             params.append(parent_id)
         return sql, params
 
-    async def _vector(self, query: str, kinds: list[str], parent_id: str | None, width: int) -> list[VectorRow]:
+    async def _vector(self, query: str, kinds: list[str], parent_id: str | None,
+                      width: int) -> tuple[list[VectorRow], np.ndarray]:
+        """The vector side, best first, and the query's vector."""
         vec = await self.embedder.embed_query(query)
         flt: dict[str, Any] = {"kind": {"$in": kinds}}
         if parent_id is not None:
@@ -350,4 +366,34 @@ class Search:
             md = m.metadata or {}
             if md.get("kind") in kinds and "parent_id" in md:
                 out.append((m.id, md["kind"], md["parent_id"], m.score))
-        return out
+        return out, vec
+
+    @staticmethod
+    def _not_on_vector_side(keyword: list[KeywordRow], vector: list[VectorRow]) -> list[KeywordRow]:
+        """Keyword hits the vector side did not return (a thought by its document, any other kind by its chunk)."""
+        on_vector_side = {r[2] if r[1] == "thought" else r[0] for r in vector}
+        return [r for r in keyword if (r[2] if r[1] == "thought" else r[0]) not in on_vector_side]
+
+    async def _unindexed(self, query_vector: np.ndarray, keyword: list[KeywordRow],
+                         vector: list[VectorRow]) -> list[VectorRow]:
+        """Vector rows for the keyword hits whose chunks are not in the vector index yet (``services.search.unindexed``:
+        without them what an agent has just remembered would not come back first). One statement finds their
+        pending chunks (through the partial index of chunks not indexed); the first of them are scored. On D1 the
+        search reads the same from its keyword hits' hydration instead (``search``)."""
+        wanted = self._not_on_vector_side(keyword, vector)
+        if not wanted:
+            return []
+        rows = await self.sql.rows(
+            "SELECT id, kind, parent_id, content FROM chunks WHERE organization_id = ?1 AND indexed_at IS NULL "
+            "AND parent_id IN (SELECT value FROM json_each(?2)) ORDER BY parent_id, ordinal",
+            [json.dumps(list(dict.fromkeys(r[2] for r in wanted)))])
+        if not rows:
+            return []
+        # a thought hit stands for its document (any of its chunks); a hit of another kind for its own chunk
+        rank = {(r[2] if r[1] == "thought" else r[0]): i for i, r in reversed(list(enumerate(wanted)))}
+
+        def hit(r: dict[str, Any]) -> str:
+            return r["parent_id"] if r["kind"] == "thought" else r["id"]
+
+        return await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector,
+                                     sorted((r for r in rows if hit(r) in rank), key=lambda r: rank[hit(r)]))
