@@ -200,3 +200,57 @@ def test_a_knowledge_entry_synced_but_not_embedded_yet_is_ranked_by_its_meaning(
         assert r.status_code == 200, r.text
         hits = r.json()["results"]
         assert hits[0]["id"] == "tresco", [h["id"] for h in hits]
+
+
+class _Counting:
+    """The hash embedder, recording what it is asked to embed (the model port, not our code)."""
+
+    def __init__(self) -> None:
+        from services.adapters.hash_embedder import HashEmbedder
+
+        self.inner, self.calls = HashEmbedder(), []
+
+    async def embed(self, texts):
+        self.calls.append(list(texts))
+        return await self.inner.embed(texts)
+
+
+def test_a_search_waits_for_the_workers_call_on_the_same_chunk_instead_of_embedding_it_again():
+    """Searched right after its capture, a thought's chunk is usually in the job worker's model call already: the
+    search waits for that call's vector (the worker announces its small calls) and runs the model on nothing. Another
+    organization's call on the same text is not this one's; a failed call leaves the search to embed it itself."""
+    import asyncio
+
+    import numpy as np
+
+    from services.search.recent_vectors import RecentVectors
+    from services.search.unindexed import embed_unindexed
+
+    async def run() -> None:
+        emb, recent = _Counting(), RecentVectors()
+        q = (await emb.inner.embed([QUERY]))[0]
+        chunk = {"id": "c1", "kind": "thought", "parent_id": "d1", "content": TARGET}
+        vector = (await emb.inner.embed([TARGET]))[0]
+
+        recent.expect("org_a", [TARGET])
+        search = asyncio.create_task(embed_unindexed(emb, recent, "org_a", q, [chunk]))
+        await asyncio.sleep(0.05)
+        assert not search.done()  # waiting for the worker's call
+        recent.settle("org_a", [TARGET], vector[None, :])
+        rows = await search
+        assert emb.calls == [] and rows == [("c1", "thought", "d1", pytest.approx(float(np.dot(vector, q))))]
+        assert recent.in_flight("org_a", TARGET) is None
+
+        recent.expect("org_b", [TARGET])  # another organization's call: not waited for
+        assert (await embed_unindexed(emb, recent, "org_a", q, [chunk]))[0][3] == pytest.approx(rows[0][3])
+        assert emb.calls == [[TARGET]] and not recent.in_flight("org_b", TARGET).done()
+
+        emb.calls.clear()
+        recent._all.clear()
+        recent.expect("org_a", [TARGET])
+        search = asyncio.create_task(embed_unindexed(emb, recent, "org_a", q, [chunk]))
+        await asyncio.sleep(0.05)
+        recent.settle("org_a", [TARGET], None)  # the call failed: the search embeds the chunk itself
+        assert (await search)[0][3] == pytest.approx(rows[0][3]) and emb.calls == [[TARGET]]
+
+    asyncio.run(run())

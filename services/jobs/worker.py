@@ -42,6 +42,9 @@ MAX_ATTEMPTS = 8
 #: leaves room for the others' captures in the same call).
 ROUND_TEXTS = 256
 ORG_TEXTS = 128
+#: A model call of at most this many texts is announced to searches (``RecentVectors.expect``): one that wants such
+#: a text's vector waits for the call (a few model runs) instead of running the model on it again.
+SHARED_CALL_TEXTS = 8
 #: While the disk is full the worker probes again after 0.5 s, doubling up to this.
 PAUSE_MAX_SECONDS = 5.0
 
@@ -521,12 +524,28 @@ class JobWorker:
             room -= len(collected.texts)
             shares.append((org_id, store, collected))
         texts = [t for _, _, c in shares for t in c.texts]
+        # a small call (a capture or two) is announced: a search that wants one of these vectors waits for it
+        # instead of running the model on the same text (services.search.unindexed)
+        recent = getattr(stage, "recent", None) if 0 < len(texts) <= SHARED_CALL_TEXTS else None
+        if recent is not None:
+            for org_id, _, c in shares:
+                recent.expect(org_id, c.texts)
         try:
             values = await self.embedder.embed(texts) if texts else np.zeros((0, self.embedder.dimensions), np.float32)
-        except Exception as exc:
+        except BaseException as exc:
+            if recent is not None:  # a waiting search embeds the text itself
+                for org_id, _, c in shares:
+                    recent.settle(org_id, c.texts, None)
+            if not isinstance(exc, Exception):  # cancelled: shutting down
+                raise
             for org_id, _, c in shares:
                 await self._fail_all(org_id, c.done + c.later, exc)
             return 0, set()
+        if recent is not None:
+            at = 0
+            for org_id, _, c in shares:
+                recent.settle(org_id, c.texts, values[at:at + len(c.texts)])
+                at += len(c.texts)
         done, later, at = (1 if texts else 0), set(), 0  # embedding texts is progress, even with no job done yet
 
         async def finish(org_id: str, store: Any, collected: Collected, mine: np.ndarray) -> int:

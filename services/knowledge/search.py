@@ -27,7 +27,7 @@ from services.ports import Embedder, Reranker
 from services.search.fusion import KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, floor_terms, fts_query, fuse, query_terms
 from services.search.ranking import RerankCache
 from services.search.relevance import relevance_floor
-from services.search.unindexed import embed_unindexed
+from services.search.unindexed import embed_unindexed, reachable
 from services.storage.scoped import OrgVectors
 
 __all__ = ["KnowledgeSearch", "MAX_LIMIT", "RERANK_DEPTH"]
@@ -79,13 +79,22 @@ class KnowledgeSearch:
         filters = (filters or Filters()).check()
         keyword, waiting = await self._keyword(query, filters)
         vector, query_vector = await self._vector(query, filters)
+        depth = max(limit, RERANK_DEPTH if self.reranker is not None else 0)
+
+        def key(_chunk: str, kind: str, parent: str) -> tuple[str, str]:
+            return (kind, parent)
+
         # entries synced moments ago (their chunks not embedded yet) are scored by their meaning too
+        # (services.search.unindexed): each one's best keyword chunk, when it could reach the hydrated candidates
         on_vector_side = {r[2] for r in vector}
-        firsts = {r[2]: r[0] for r in reversed(keyword)}  # each entry's best keyword chunk
-        unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
-            waiting[r[0]] for r in keyword
-            if r[0] in waiting and firsts[r[2]] == r[0] and r[2] not in on_vector_side])
-        ranked = fuse(keyword, vector, key=lambda _c, kind, parent: (kind, parent), unindexed=unindexed)
+        firsts = {r[2]: r[0] for r in reversed(keyword)}
+        unindexed = []
+        if any(r[0] in waiting and r[2] not in on_vector_side for r in keyword):
+            could = reachable(keyword, fuse(keyword, vector, key=key), depth + 5)
+            unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
+                waiting[r[0]] for r in keyword
+                if r[0] in waiting and firsts[r[2]] == r[0] and r[2] not in on_vector_side and could(r[3])])
+        ranked = fuse(keyword, vector, key=key, unindexed=unindexed)
         # An entry the query's words found shows (and is judged by the relevance floor on) the passage holding them,
         # not a nearer passage by meaning that may hold none of them.
         worded: dict[str, str] = {}
@@ -95,7 +104,6 @@ class KnowledgeSearch:
             c.chunk_id = worded.get(c.parent_id, c.chunk_id)
         vector_cut = min((r[3] for r in vector), default=None) if len(vector) >= VECTOR_DEPTH else None
         ranked = await relevance_floor(self.sql, self.embedder.relevance_floor, floor_terms(query), ranked, vector_cut)
-        depth = max(limit, RERANK_DEPTH if self.reranker is not None else 0)
         hits = await self._hydrate(ranked[: depth + 5], query_terms(query))
         if self.reranker is not None and hits:
             hits = await self._rerank(query, hits[:depth])

@@ -8,7 +8,10 @@ A capture embeds its thought's first chunk once (services.thoughts.decisions). T
   model's work moves onto the capture path instead of being done twice;
 * the decisions of the next captures compare against the organization's most recent entries as well as the
   index, which covers the window in which a just-captured thought has no searchable vector yet (the job has
-  not run, or Vectorize has not applied the write).
+  not run, or Vectorize has not applied the write);
+* a search that scores keyword hits not indexed yet (services.search.unindexed) leaves its vectors here for their
+  embedding job, and waits for the job's model call instead when that call, a small one, is already running
+  (``expect`` / ``settle`` / ``in_flight``): a thought searched right after its capture is embedded once.
 
 Entries are per organization (a cache hit must not tell one tenant what another captured), bounded in number
 and age. Process-local: several instances do not see each other's entries (see services.thoughts.decisions).
@@ -16,6 +19,7 @@ and age. Process-local: several instances do not see each other's entries (see s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -52,6 +56,8 @@ class RecentVectors:
         self._by_org: dict[str, OrderedDict[str, _Entry]] = {}
         self.hits = 0
         self.misses = 0
+        #: (organization, text key) -> the future of a model call in progress (``expect``), on the event loop.
+        self._flight: dict[tuple[str, str], asyncio.Future] = {}
 
     def put(self, org_id: str, text: str, vector: np.ndarray, parent_id: str | None = None) -> None:
         key = (org_id, text_key(text))
@@ -76,6 +82,25 @@ class RecentVectors:
             return None
         self.hits += 1
         return entry.vector
+
+    def expect(self, org_id: str, texts: list[str]) -> None:
+        """A model call is about to embed ``texts`` of the organization (the job worker's): ``in_flight`` hands a
+        search a future of each one's vector until ``settle``. Called on the event loop."""
+        loop = asyncio.get_running_loop()
+        for text in texts:
+            self._flight.setdefault((org_id, text_key(text)), loop.create_future())
+
+    def settle(self, org_id: str, texts: list[str], vectors: np.ndarray | None) -> None:
+        """The call of ``expect`` ended: each future gets its text's vector (None: the call failed). The vectors are
+        not kept here (the job stores them in the index)."""
+        for i, text in enumerate(texts):
+            future = self._flight.pop((org_id, text_key(text)), None)
+            if future is not None and not future.done():
+                future.set_result(None if vectors is None else np.asarray(vectors[i], dtype=np.float32))
+
+    def in_flight(self, org_id: str, text: str) -> asyncio.Future | None:
+        """The future of the organization's model call embedding ``text`` right now, if there is one."""
+        return self._flight.get((org_id, text_key(text)))
 
     def similar(self, org_id: str, vector: np.ndarray) -> list[tuple[str, float]]:
         """(parent id, cosine) of the organization's most recent captured thoughts, at most ``scan`` of them."""

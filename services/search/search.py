@@ -35,7 +35,7 @@ from services.search.fusion import (
 from services.search.ranking import Ranking
 from services.search.relevance import relevance_floor
 from services.search.selective import Selective
-from services.search.unindexed import embed_unindexed
+from services.search.unindexed import embed_unindexed, reachable
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = ["SearchOptions", "Search", "Hydrator", "KINDS", "MAX_TOP_K", "OVERFETCH", "RERANK_DEPTH"]
@@ -134,6 +134,13 @@ class Search:
         window = (opts.time_from, opts.time_to)
         thoughts: Any = self.hydrators.get("thought") if "thought" in kinds else None
         prefetched: list[dict[str, Any]] | None = None
+
+        def key(chunk_id: str, kind: str, parent_id: str) -> tuple[str, str]:
+            per_parent = self.hydrators[kind_of[kind]].collapse_per_parent
+            return (kind, parent_id if per_parent else chunk_id)
+
+        # fused candidates the hydrators get (tag filters: all of them, filtered on hydration)
+        cut = None if opts.tags else max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)
         if thoughts is not None and hasattr(thoughts, "hydrate_statement") and \
                 getattr(self.sql.db, "round_trips_are_requests", False):
             # Every statement is an API request (D1): the vector side first, then one request holding the keyword
@@ -143,34 +150,23 @@ class Search:
             vector, query_vector = await self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH)
             keyword, prefetched = await self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window,
                                                       prefetch=(thoughts, vector))
-            # the keyword hits came hydrated with their first chunk: its text and whether it is indexed
-            ahead = {r["hydrated_chunk_id"]: r for r in prefetched or ()}
-            unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
-                {"id": r[0], "kind": r[1], "parent_id": r[2], "content": ahead[r[0]]["chunk_content"]}
-                for r in self._not_on_vector_side(keyword, vector)
-                if r[1] == "thought" and r[0] in ahead and (ahead[r[0]]["chunk_indexed_at"] is None
-                                                            or ahead[r[0]]["chunk_vector_mutation"] is not None)])
+            unindexed = await self._unindexed(query_vector, keyword, vector, key, kw_depth, cut,
+                                              ahead={r["hydrated_chunk_id"]: r for r in prefetched or ()})
         else:
             (keyword, _), (vector, query_vector) = await asyncio.gather(
                 self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window),
                 self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH),
             )
-            unindexed = await self._unindexed(query_vector, keyword, vector)
+            unindexed = await self._unindexed(query_vector, keyword, vector, key, kw_depth, cut)
         # A document-level keyword hit shows the thought's best chunk by the vector side (else its first chunk).
         best_chunk: dict[str, str] = {}
         for chunk_id, kind, parent, _ in sorted([*vector, *unindexed], key=lambda r: r[3], reverse=True):
             if kind == "thought":
                 best_chunk.setdefault(parent, chunk_id)
         keyword = [(best_chunk.get(r[2], r[0]), *r[1:]) if r[1] == "thought" else r for r in keyword]
-
-        def key(chunk_id: str, kind: str, parent_id: str) -> tuple[str, str]:
-            per_parent = self.hydrators[kind_of[kind]].collapse_per_parent
-            return (kind, parent_id if per_parent else chunk_id)
-
         ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH, unindexed=unindexed)
-        if not opts.tags:  # hydrate what the ranking stage and the reranker can use, not every candidate
+        if cut is not None:  # hydrate what the ranking stage and the reranker can use, not every candidate
             # (a hydrator that ranks parts of its candidates, conversation turns, asks for a deeper list)
-            cut = max(opts.top_k * OVERFETCH, RERANK_DEPTH if self._rerank is not None else 0)
             deep = {k for k in kinds if self.hydrators[k].depth > cut}
             ranked = [c for i, c in enumerate(ranked)
                       if i < cut or (kind_of[c.kind] in deep and i < self.hydrators[kind_of[c.kind]].depth)]
@@ -374,26 +370,37 @@ class Search:
         on_vector_side = {r[2] if r[1] == "thought" else r[0] for r in vector}
         return [r for r in keyword if (r[2] if r[1] == "thought" else r[0]) not in on_vector_side]
 
-    async def _unindexed(self, query_vector: np.ndarray, keyword: list[KeywordRow],
-                         vector: list[VectorRow]) -> list[VectorRow]:
+    async def _unindexed(self, query_vector: np.ndarray, keyword: list[KeywordRow], vector: list[VectorRow],
+                         key: Callable[[str, str, str], tuple[str, str]], kw_depth: int, cut: int | None,
+                         ahead: dict[str, dict[str, Any]] | None = None) -> list[VectorRow]:
         """Vector rows for the keyword hits whose chunks are not in the vector index yet (``services.search.unindexed``:
-        without them what an agent has just remembered would not come back first). One statement finds their
-        pending chunks (through the partial index of chunks not indexed); the first of them are scored. On D1 the
-        search reads the same from its keyword hits' hydration instead (``search``)."""
+        without them what an agent has just remembered would not come back first): each hit's first pending chunk,
+        for the hits that could reach the first ``cut`` fused candidates with the best vector score. One statement
+        finds the pending chunks (through the partial index of chunks not indexed); on D1 (``ahead``: the keyword
+        hits came hydrated with their first chunk, its text and whether it is indexed) no statement is needed."""
         wanted = self._not_on_vector_side(keyword, vector)
         if not wanted:
             return []
-        rows = await self.sql.rows(
-            "SELECT id, kind, parent_id, content FROM chunks WHERE organization_id = ?1 AND indexed_at IS NULL "
-            "AND parent_id IN (SELECT value FROM json_each(?2)) ORDER BY parent_id, ordinal",
-            [json.dumps(list(dict.fromkeys(r[2] for r in wanted)))])
-        if not rows:
+
+        def hit(kind: str, chunk_id: str, parent_id: str) -> str:  # a thought hit stands for its document
+            return parent_id if kind == "thought" else chunk_id
+
+        first: dict[str, dict[str, Any]] = {}
+        if ahead is not None:
+            for r in wanted:
+                row = ahead.get(r[0])
+                if r[1] == "thought" and row is not None and (row["chunk_indexed_at"] is None
+                                                              or row["chunk_vector_mutation"] is not None):
+                    first[r[2]] = {"id": r[0], "kind": r[1], "parent_id": r[2], "content": row["chunk_content"]}
+        else:
+            for row in await self.sql.rows(
+                    "SELECT id, kind, parent_id, content FROM chunks WHERE organization_id = ?1 AND indexed_at IS NULL "
+                    "AND parent_id IN (SELECT value FROM json_each(?2)) ORDER BY parent_id, ordinal",
+                    [json.dumps(list(dict.fromkeys(r[2] for r in wanted)))]):
+                first.setdefault(hit(row["kind"], row["id"], row["parent_id"]), row)
+        if not first:
             return []
-        # a thought hit stands for its document (any of its chunks); a hit of another kind for its own chunk
-        rank = {(r[2] if r[1] == "thought" else r[0]): i for i, r in reversed(list(enumerate(wanted)))}
-
-        def hit(r: dict[str, Any]) -> str:
-            return r["parent_id"] if r["kind"] == "thought" else r["id"]
-
-        return await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector,
-                                     sorted((r for r in rows if hit(r) in rank), key=lambda r: rank[hit(r)]))
+        ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH)
+        could = reachable(keyword, ranked, cut)
+        chunks = [first.pop(h) for r in wanted if (h := hit(r[1], r[0], r[2])) in first and could(r[3])]
+        return await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, chunks)

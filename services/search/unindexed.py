@@ -8,29 +8,48 @@ the query outranks it: what an agent has just remembered would not come back fir
 at once by its own unique word was in the top 5 for 8 of 100 captures with MiniLM; the relevance floor could drop
 it altogether).
 
-So a search embeds the first ``UNINDEXED_EMBEDS`` of those chunks itself (best keyword hit first), scores them
-against the query exactly, as the index would, and fuses them as vector-side rows (``fuse(unindexed=...)``). Each
-vector is left in ``RecentVectors`` (services.search.recent_vectors): the chunk's embedding job takes it instead of
-running the model again, so the work moves earlier rather than being done twice.
+So a search embeds those hits' first chunks itself, scores them against the query exactly, as the index would,
+and fuses them as vector-side rows (``fuse(unindexed=...)``): the hits that could reach the candidates the search
+hydrates with the best vector score (``reachable``; behind an import most keyword hits cannot), best keyword hit
+first, at most ``UNINDEXED_EMBEDS`` of them (each is a model run on the request: behind an import of long notes,
+3 of them took a search's p50 from ~40 to ~160 ms, 1 to ~80; bench/README.md). No run is done twice: a vector the
+search computes is left in ``RecentVectors`` (services.search.recent_vectors) and the chunk's embedding job takes it
+instead of running the model again; and when the job's model call, a small one, is already embedding the chunk (a
+thought searched right after its capture), the search waits for that call's vector instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from services.ports import Embedder
-from services.search.fusion import VectorRow
+from services.search.fusion import VECTOR_WEIGHT, Candidate, KeywordRow, VectorRow
 
-__all__ = ["UNINDEXED_EMBEDS", "embed_unindexed"]
+__all__ = ["UNINDEXED_EMBEDS", "embed_unindexed", "reachable"]
 
 log = logging.getLogger("services.search")
 
 #: Chunks not indexed yet that one search embeds, at most. Behind an import many keyword hits may be waiting; the
 #: best of them are the ones that can reach the first results, and each costs the search one model run.
-UNINDEXED_EMBEDS = 8
+UNINDEXED_EMBEDS = 2
+#: Longest a search waits for the job worker's model call already embedding a chunk it wants (a small call, a few
+#: model runs: ``services.jobs.worker.SHARED_CALL_TEXTS``); after it, the search embeds the chunk itself.
+FLIGHT_WAIT_SECONDS = 1.0
+
+
+def reachable(keyword: Sequence[KeywordRow], ranked: Sequence[Candidate], cut: int | None,
+              vector_weight: float = VECTOR_WEIGHT) -> Callable[[float], bool]:
+    """Whether a keyword hit of BM25 score ``s`` could be among the first ``cut`` of ``ranked`` (the fusion without
+    the unindexed rows) with a perfect vector score: ``(1 - w) * s / best + w`` above the ``cut``-th fused score.
+    None: every hit could (a search that hydrates all its candidates)."""
+    best = max((r[3] for r in keyword), default=0.0)
+    bar = ranked[cut - 1].fused if cut is not None and len(ranked) >= cut else -1.0
+    return lambda s: (1 - vector_weight) * (s / best if best > 0 else 0.0) + vector_weight > bar
 
 
 async def embed_unindexed(embedder: Embedder, recent: Any, org_id: str, query_vector: np.ndarray,
@@ -43,6 +62,14 @@ async def embed_unindexed(embedder: Embedder, recent: Any, org_id: str, query_ve
     if not picked:
         return []
     cached = [recent.get(org_id, r["content"]) if recent is not None else None for r in picked]
+    if recent is not None:  # the job worker's model call is embedding some of them now (a small one): wait for it
+        flights = {i: f for i, r in enumerate(picked)
+                   if cached[i] is None and (f := recent.in_flight(org_id, r["content"])) is not None}
+        if flights:
+            await asyncio.wait(list(flights.values()), timeout=FLIGHT_WAIT_SECONDS)  # never cancels them
+            for i, f in flights.items():
+                if f.done() and not f.cancelled():
+                    cached[i] = f.result()  # None (the call failed): embedded below
     missing = [r["content"] for r, v in zip(picked, cached, strict=True) if v is None]
     try:
         fresh = iter(await embedder.embed(missing) if missing else ())
@@ -55,7 +82,7 @@ async def embed_unindexed(embedder: Embedder, recent: Any, org_id: str, query_ve
     for r, v in zip(picked, cached, strict=True):
         if v is None:
             v = next(fresh)
-            if recent is not None:
+            if recent is not None:  # for the chunk's embedding job
                 recent.put(org_id, r["content"], v)
         out.append((r["id"], r["kind"], r["parent_id"], float(np.dot(v, q))))
     out.sort(key=lambda r: r[3], reverse=True)
