@@ -254,3 +254,25 @@ def test_a_search_waits_for_the_workers_call_on_the_same_chunk_instead_of_embedd
         assert (await search)[0][3] == pytest.approx(rows[0][3]) and emb.calls == [[TARGET]]
 
     asyncio.run(run())
+
+
+def test_the_keyword_index_reads_which_hits_wait_for_their_vectors_too():
+    """A large organization's thoughts are ranked by its tantivy index (here from one thought on): its hits are read
+    with whether their first chunk is in the vector index, as FTS5's are."""
+    with tempfile.TemporaryDirectory() as tmp, \
+            backend_live("embedded", Path(tmp), embedder="local", run_worker=False, keyword_index_from=1) as live:
+        org = signup(live, "fresh-tantivy")
+        with live.client(headers=org.headers) as c:
+            seeds = [_capture(c, t) for t in FERRIES]
+            live.run(live.memex.worker.drain())
+            target = _capture(c, TARGET)
+
+            async def index_current() -> bool:
+                return await (await live.memex.stores.open(org.id)).db.keyword_sync(timeout=30)
+
+            _search(c, QUERY)  # the organization's first search starts its index
+            assert live.run(index_current())
+            assert _state(c, target) == "pending" and {_state(c, s) for s in seeds} == {"indexed"}
+            hits = _search(c, QUERY, explain=True)
+            assert hits[0]["document_id"] == target, [h["chunk_content"] for h in hits]
+            assert hits[0]["explain"]["vector_score"] > 0.35, hits[0]["explain"]

@@ -49,6 +49,9 @@ MAX_TOP_K = 100
 OVERFETCH = 3
 #: Hits the second stage (a configured reranker) rescores.
 RERANK_DEPTH = 30
+#: A keyword hit's chunk ``c`` when its vector is not in the index yet (its text, for ``_unindexed``), else NULL. On
+#: Vectorize a vector written but not yet confirmed searchable (``vector_mutation``) counts as not in it.
+_PENDING = "CASE WHEN c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL THEN c.content END"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,16 +151,14 @@ class Search:
             # side's thoughts. The hydrator then reads nothing. The same round trips in sequence as the two sides
             # side by side and a hydration request after them, one request fewer (bench/README.md).
             vector, query_vector = await self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH)
-            keyword, prefetched = await self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window,
-                                                      prefetch=(thoughts, vector))
-            unindexed = await self._unindexed(query_vector, keyword, vector, key, kw_depth, cut,
-                                              ahead={r["hydrated_chunk_id"]: r for r in prefetched or ()})
+            keyword, prefetched, pending = await self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window,
+                                                               prefetch=(thoughts, vector))
         else:
-            (keyword, _), (vector, query_vector) = await asyncio.gather(
+            (keyword, _, pending), (vector, query_vector) = await asyncio.gather(
                 self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window),
                 self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH),
             )
-            unindexed = await self._unindexed(query_vector, keyword, vector, key, kw_depth, cut)
+        unindexed = await self._unindexed(query_vector, keyword, vector, pending, key, kw_depth, cut)
         # A document-level keyword hit shows the thought's best chunk by the vector side (else its first chunk).
         best_chunk: dict[str, str] = {}
         for chunk_id, kind, parent, _ in sorted([*vector, *unindexed], key=lambda r: r[3], reverse=True):
@@ -224,10 +225,13 @@ class Search:
     async def _keyword(
         self, query: str, kinds: list[str], parent_id: str | None, width: int,
         window: tuple[int | None, int | None] = (None, None), prefetch: tuple[Any, list[VectorRow]] | None = None,
-    ) -> tuple[list[KeywordRow], list[dict[str, Any]] | None]:
+    ) -> tuple[list[KeywordRow], list[dict[str, Any]] | None, dict[str, dict[str, Any]]]:
         """BM25, best first: whole documents for thoughts (documents_fts; the row's chunk is the thought's first,
         see ``search``), chunks for the other kinds (chunks_fts). With both, the lists merge on score, cut at
         ``width``. Each side matches the query's selective words only (``Selective``).
+
+        The third value: the hits whose chunk (a thought's first) is not in the vector index yet, read with them
+        (a thought hit by its document id, another by its chunk id -> id, kind, parent_id, content: ``_unindexed``).
 
         ``prefetch``: (the thought hydrator, the vector side's rows): the statements go in one batch (one D1
         request) with the hydration of the vector side's thoughts, and the documents statement selects its hits'
@@ -244,7 +248,8 @@ class Search:
 
         # A large organization's thoughts: its tantivy index when current (embedded; every query word, ~0.4 ms at
         # 53,000 documents against FTS5's 8.5-31: bench/README.md), else FTS5 below.
-        indexed = (await self._keyword_index(words, width)
+        pending: dict[str, dict[str, Any]] = {}
+        indexed = (await self._keyword_index(words, width, pending)
                    if words and "thought" in kinds and parent_id is None and hydrator is None else None)
         selective: list[Selective] = []
         if words and "thought" in kinds and indexed is None:
@@ -281,25 +286,36 @@ class Search:
                 part = [(r["chunk_id"], "thought", r["document_id"], -float(r["bm25"])) for r in rows if r["chunk_id"]]
             else:
                 part = [(r["id"], r["kind"], r["parent_id"], -float(r["bm25"])) for r in rows]
+            for (chunk_id, kind, parent, _), r in zip(part, (r for r in rows if r.get("chunk_id", True)), strict=True):
+                if r["pending"] is not None:
+                    pending[parent if kind == "thought" else chunk_id] = {
+                        "id": chunk_id, "kind": kind, "parent_id": parent, "content": r["pending"]}
             part.sort(key=lambda r: r[3], reverse=True)  # FTS5's order (stable: ties as FTS5 gave them)
             out += part
         if "thought" in kinds and others:
             out.sort(key=lambda r: r[3], reverse=True)
             out = out[:width]
-        return out, rows_ahead
+        return out, rows_ahead, pending
 
-    async def _keyword_index(self, words: list[str], width: int) -> list[KeywordRow] | None:
+    async def _keyword_index(self, words: list[str], width: int,
+                             pending: dict[str, dict[str, Any]]) -> list[KeywordRow] | None:
         """The thoughts' keyword side from the database's keyword index (``keyword_search``: embedded SQLite, an
-        organization large enough), each hit on its thought's first chunk; None: no index or not current."""
+        organization large enough), each hit on its thought's first chunk; None: no index or not current. A hit
+        whose first chunk is not in the vector index yet goes into ``pending`` (as in ``_keyword``)."""
         search = getattr(self.sql.db, "keyword_search", None)
         found = await search(self.sql.org_id, words, width) if search is not None else None
         if not found:
             return found
         rows = await self.sql.rows(
-            "SELECT j.value AS document_id, (SELECT c.id FROM chunks c WHERE c.organization_id = ?1 AND "
-            "c.kind = 'thought' AND c.parent_id = j.value ORDER BY c.ordinal LIMIT 1) AS chunk_id "
-            "FROM json_each(?2) AS j", [json.dumps([d for d, _ in found])])
+            f"SELECT f.document_id, c.id AS chunk_id, {_PENDING} AS pending FROM (SELECT j.value AS document_id, "
+            "(SELECT c.pk FROM chunks c WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = j.value "
+            "ORDER BY c.ordinal LIMIT 1) AS pk FROM json_each(?2) AS j) AS f LEFT JOIN chunks c ON c.pk = f.pk",
+            [json.dumps([d for d, _ in found])])
         first = {r["document_id"]: r["chunk_id"] for r in rows}
+        for r in rows:
+            if r["chunk_id"] and r["pending"] is not None:
+                pending[r["document_id"]] = {"id": r["chunk_id"], "kind": "thought", "parent_id": r["document_id"],
+                                             "content": r["pending"]}
         # a thought without chunks (mid-write) has nothing to show yet, as on FTS5's side
         return [(first[d], "thought", d, score) for d, score in found if first.get(d)]
 
@@ -310,7 +326,9 @@ class Search:
         sql = (
             f"SELECT document_id, bm25(documents_fts) AS bm25, {match.column} (SELECT c.id FROM chunks c "
             "WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id "
-            f"ORDER BY c.ordinal LIMIT 1) AS chunk_id FROM documents_fts WHERE documents_fts MATCH {match.operand} "
+            f"ORDER BY c.ordinal LIMIT 1) AS chunk_id, (SELECT {_PENDING} FROM chunks c WHERE c.organization_id = ?1 "
+            "AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id ORDER BY c.ordinal LIMIT 1) AS pending "
+            f"FROM documents_fts WHERE documents_fts MATCH {match.operand} "
             "AND documents_fts.organization_id = ?1"
         )
         params: list[Any] = [match.param, width]
@@ -328,7 +346,8 @@ class Search:
     def _keyword_chunks(match: Selective, kinds: list[str], parent_id: str | None, width: int,
                         window: tuple[int | None, int | None] = (None, None)) -> tuple[str, list[Any]]:
         sql = (
-            f"{match.prefix}SELECT c.id, c.kind, c.parent_id, {match.column} bm25(chunks_fts) AS bm25 FROM chunks_fts "
+            f"{match.prefix}SELECT c.id, c.kind, c.parent_id, {match.column} bm25(chunks_fts) AS bm25, "
+            f"{_PENDING} AS pending FROM chunks_fts "
             f"JOIN chunks c ON c.pk = chunks_fts.rowid WHERE chunks_fts MATCH {match.operand} "
             "AND c.organization_id = ?1 AND c.kind IN (SELECT value FROM json_each(?3))"
         )  # the organization check is on the joined chunk row: on chunks_fts it reads every matched row's stored
@@ -371,36 +390,17 @@ class Search:
         return [r for r in keyword if (r[2] if r[1] == "thought" else r[0]) not in on_vector_side]
 
     async def _unindexed(self, query_vector: np.ndarray, keyword: list[KeywordRow], vector: list[VectorRow],
-                         key: Callable[[str, str, str], tuple[str, str]], kw_depth: int, cut: int | None,
-                         ahead: dict[str, dict[str, Any]] | None = None) -> list[VectorRow]:
+                         pending: dict[str, dict[str, Any]], key: Callable[[str, str, str], tuple[str, str]],
+                         kw_depth: int, cut: int | None) -> list[VectorRow]:
         """Vector rows for the keyword hits whose chunks are not in the vector index yet (``services.search.unindexed``:
-        without them what an agent has just remembered would not come back first): each hit's first pending chunk,
-        for the hits that could reach the first ``cut`` fused candidates with the best vector score. One statement
-        finds the pending chunks (through the partial index of chunks not indexed); on D1 (``ahead``: the keyword
-        hits came hydrated with their first chunk, its text and whether it is indexed) no statement is needed."""
-        wanted = self._not_on_vector_side(keyword, vector)
+        without them what an agent has just remembered would not come back first): the ``pending`` chunk (read
+        with the keyword side: ``_keyword``) of each hit the vector side did not return and that could reach the
+        first ``cut`` fused candidates with the best vector score."""
+        if not pending:
+            return []
+        wanted = [r for r in self._not_on_vector_side(keyword, vector) if (r[2] if r[1] == "thought" else r[0]) in pending]
         if not wanted:
             return []
-
-        def hit(kind: str, chunk_id: str, parent_id: str) -> str:  # a thought hit stands for its document
-            return parent_id if kind == "thought" else chunk_id
-
-        first: dict[str, dict[str, Any]] = {}
-        if ahead is not None:
-            for r in wanted:
-                row = ahead.get(r[0])
-                if r[1] == "thought" and row is not None and (row["chunk_indexed_at"] is None
-                                                              or row["chunk_vector_mutation"] is not None):
-                    first[r[2]] = {"id": r[0], "kind": r[1], "parent_id": r[2], "content": row["chunk_content"]}
-        else:
-            for row in await self.sql.rows(
-                    "SELECT id, kind, parent_id, content FROM chunks WHERE organization_id = ?1 AND indexed_at IS NULL "
-                    "AND parent_id IN (SELECT value FROM json_each(?2)) ORDER BY parent_id, ordinal",
-                    [json.dumps(list(dict.fromkeys(r[2] for r in wanted)))]):
-                first.setdefault(hit(row["kind"], row["id"], row["parent_id"]), row)
-        if not first:
-            return []
-        ranked = fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH)
-        could = reachable(keyword, ranked, cut)
-        chunks = [first.pop(h) for r in wanted if (h := hit(r[1], r[0], r[2])) in first and could(r[3])]
+        could = reachable(keyword, fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH), cut)
+        chunks = [pending.pop(h) for r in wanted if (h := r[2] if r[1] == "thought" else r[0]) in pending and could(r[3])]
         return await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, chunks)

@@ -17,12 +17,10 @@ __all__ = ["ThoughtHydrator", "hydrate_thoughts"]
 
 
 #: What a hit needs of its document ``d`` (its fields and the ranking stage's, ``FEATURE_NAMES``) and of its chunk
-#: ``c`` (its text, its id as ``hydrated_chunk_id``, and whether its vector is in the index: a search on D1 embeds
-#: a keyword hit that is not, ``services.search.search``). A search on D1 selects them in its keyword statement too
+#: ``c`` (its text, and its id as ``hydrated_chunk_id``). A search on D1 selects them in its keyword statement too
 #: (``services.search.search``: one request for the keyword side and the hits).
 HYDRATE_COLUMNS = (
-    "c.id AS hydrated_chunk_id, c.content AS chunk_content, c.indexed_at AS chunk_indexed_at, "
-    "c.vector_mutation AS chunk_vector_mutation, d.content, d.source, d.metadata, d.summary, d.tags, "
+    "c.id AS hydrated_chunk_id, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, "
     "d.created_at, " + feature_columns("d")
 )
 #: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there. CROSS JOIN keeps
