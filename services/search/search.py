@@ -3,7 +3,8 @@
 Candidate generation: each side fetches a fixed depth whatever ``top_k`` asks (``KEYWORD_DEPTH`` chunks by
 BM25, ``VECTOR_DEPTH`` by cosine; 100 is Vectorize's topK limit), so the first results of a search do not
 depend on how many were asked for. Chunks whose vectors are not in the index yet are still found by the
-keyword side, which covers the moments between a capture and its embedding. For thoughts the keyword side
+keyword side, which covers the moments between a capture and its embedding, and the best of them are scored by
+their meaning at search time (``_unindexed``, services.search.unindexed). For thoughts the keyword side
 scores whole documents (``documents_fts``, migration 0006; the hit shows the thought's best chunk by the vector
 side, else its first chunk); conversations keep chunk-level BM25 (``chunks_fts``).
 
