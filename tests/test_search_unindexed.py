@@ -142,12 +142,8 @@ def test_many_unembedded_hits_are_embedded_a_bounded_number_at_a_time(no_worker)
 
 
 def test_a_conversation_turn_not_embedded_yet_is_ranked_by_its_meaning(no_worker):
-    """The same for conversations: a turn just appended is found by its meaning before its window is embedded.
-    (Embedded only: on D1 the search reads its thought hits ahead with their hydration, not its conversation
-    hits, so those keep the vector side's floor until Vectorize has them, a few seconds.)"""
+    """The same for conversations: a turn just appended is found by its meaning before its window is embedded."""
     live = no_worker
-    if live.backend == "cloudflare":
-        pytest.skip("on D1 only thought hits are scored before their vectors are in the index")
     org = signup(live, "fresh-conv")
     with live.client(headers=org.headers) as c:
         def conversation(text: str) -> str:
