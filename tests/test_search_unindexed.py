@@ -272,3 +272,12 @@ def test_the_keyword_index_reads_which_hits_wait_for_their_vectors_too():
             hits = _search(c, QUERY, explain=True)
             assert hits[0]["document_id"] == target, [h["chunk_content"] for h in hits]
             assert hits[0]["explain"]["vector_score"] > 0.35, hits[0]["explain"]
+
+
+def test_searches_share_a_budget_of_model_runs_for_unindexed_hits():
+    """Under a steady mix of captures and searches every search would embed hits and take the CPU the worker needs:
+    the process's searches share a bucket of model runs, and past it a hit keeps the vector side's floor."""
+    from services.search.unindexed import _RunBudget
+
+    bucket = _RunBudget(rate=0.0, burst=3)
+    assert [bucket.take(2), bucket.take(2), bucket.take(1)] == [2, 1, 0]

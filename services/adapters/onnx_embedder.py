@@ -19,9 +19,7 @@ Background work (the job worker's batches: ``services.background``) runs on thre
 scheduling priority is lowered by ``BACKGROUND_NICE`` (Linux, where niceness is per thread): a batch then
 takes the CPU only when the requests leave it free, so a capture or a search arriving during a bulk import
 is not slowed by it (a capture's p50 on 2 cores: bench/README.md, bench_ingest.py). Alone on the machine a
-niced thread runs as fast as any other, so ingest throughput is unchanged. The session's intra-op threads are
-shared and not niced, so besides, a background run waits before it starts while a foreground run (a request's) is in
-progress, at most ``FOREGROUND_FIRST_SECONDS``: a search during an import then embeds at the model's own speed.
+niced thread runs as fast as any other, so ingest throughput is unchanged.
 """
 
 from __future__ import annotations
@@ -59,10 +57,6 @@ _MEMO_CHARS = 4_000_000  # characters of keys a memo holds before it is cleared 
 MAX_TOKENS_IN_FLIGHT = 4096
 #: Niceness added to the threads that embed background work (Linux only: elsewhere niceness is per process).
 BACKGROUND_NICE = 10
-#: Longest a background run waits, before it starts, for the foreground runs in progress (a query, a capture's first
-#: chunk, a search's not-yet-indexed hits) to finish. The requests go first; a steady stream of them still leaves the
-#: background one run per this interval.
-FOREGROUND_FIRST_SECONDS = 0.05
 # Whitespace to BERT (after it drops control characters): it maps these to spaces and splits on them.
 _WIDE_WS_CLASS = "\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _WS_CLASS = "\t\n\r " + _WIDE_WS_CLASS
@@ -179,8 +173,6 @@ class OnnxMiniLMEmbedder:
         self._counter: Any = None  # no truncation, no padding: count_tokens
         self._session: Any = None
         self._background: ThreadPoolExecutor | None = None  # the niced threads of background embeddings
-        self._thread = threading.local()  # .background: this thread embeds background work
-        self._foreground = 0  # foreground embed_sync calls in progress (guarded by _budget)
         self._warm = False  # warm_up has run (on a thread at normal priority)
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._piece_memo: dict[str, int] = {"": 0}  # ASCII pre-token -> WordPiece count
@@ -417,29 +409,14 @@ class OnnxMiniLMEmbedder:
                 # pool (shared with the request path: a query's tokenising) are made on a thread at normal priority.
                 await anyio.to_thread.run_sync(self.warm_up)
             return await asyncio.get_running_loop().run_in_executor(self._background_threads(), self.embed_sync, texts)
-        return await anyio.to_thread.run_sync(self._embed_foreground, texts)
-
-    def _embed_foreground(self, texts: Sequence[str]) -> np.ndarray:
-        """``embed_sync`` for a request: background runs wait while it is in progress (``_run``)."""
-        with self._budget:
-            self._foreground += 1
-        try:
-            return self.embed_sync(texts)
-        finally:
-            with self._budget:
-                self._foreground -= 1
-                self._budget.notify_all()
-
-    def _mark_background(self) -> None:
-        lower_priority()
-        self._thread.background = True
+        return await anyio.to_thread.run_sync(self.embed_sync, texts)
 
     def _background_threads(self) -> ThreadPoolExecutor:
         """Two threads (a batch and the next one's tokenising) at ``BACKGROUND_NICE``."""
         if self._background is None:
             with self._load_lock:
                 if self._background is None:
-                    self._background = ThreadPoolExecutor(2, "memex-embed-bg", initializer=self._mark_background)
+                    self._background = ThreadPoolExecutor(2, "memex-embed-bg", initializer=lower_priority)
         return self._background
 
     async def embed_query(self, text: str) -> np.ndarray:
@@ -492,9 +469,6 @@ class OnnxMiniLMEmbedder:
         # at once took RSS to 1.3-1.7 GB, for no throughput (2 cores). Runs of several texts wait while
         # others hold MAX_TOKENS_IN_FLIGHT; a one-text run (a query, a capture's first chunk) never waits.
         cost = n * width if n > 1 else 0
-        if self._foreground and getattr(self._thread, "background", False):
-            with self._budget:  # a request's run is in progress: it goes first
-                self._budget.wait_for(lambda: not self._foreground, timeout=FOREGROUND_FIRST_SECONDS)
         if cost:
             with self._budget:
                 while self._in_flight and self._in_flight + cost > MAX_TOKENS_IN_FLIGHT:

@@ -42,9 +42,9 @@ MAX_ATTEMPTS = 8
 #: leaves room for the others' captures in the same call).
 ROUND_TEXTS = 256
 ORG_TEXTS = 128
-#: A model call of at most this many texts is announced to searches (``RecentVectors.expect``): one that wants such
-#: a text's vector waits for the call (a few model runs) instead of running the model on it again.
-SHARED_CALL_TEXTS = 8
+#: A model call of at most this many texts (a capture or two) is announced to searches (``RecentVectors.expect``): one
+#: that wants such a text's vector waits for the call instead of running the model on it again.
+SHARED_CALL_TEXTS = 2
 #: While the disk is full the worker probes again after 0.5 s, doubling up to this.
 PAUSE_MAX_SECONDS = 5.0
 

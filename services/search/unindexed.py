@@ -11,8 +11,9 @@ it altogether).
 So a search embeds those hits' first chunks itself, scores them against the query exactly, as the index would,
 and fuses them as vector-side rows (``fuse(unindexed=...)``): the hits that could reach the candidates the search
 hydrates with the best vector score (``reachable``; behind an import most keyword hits cannot), best keyword hit
-first, at most ``UNINDEXED_EMBEDS`` of them (each is a model run on the request: behind an import of long notes,
-3 of them took a search's p50 from ~40 to ~160 ms, 1 to ~80; bench/README.md). No run is done twice: a vector the
+first, at most ``UNINDEXED_EMBEDS`` of them, within a budget of model runs the process's searches share
+(``RUNS_PER_SECOND``). Each is a model run on the request: behind an import of long notes, 3 of them took a search's
+p50 from ~40 to ~160 ms, 1 to ~80 (bench/README.md). No run is done twice: a vector the
 search computes is left in ``RecentVectors`` (services.search.recent_vectors) and the chunk's embedding job takes it
 instead of running the model again; and when the job's model call, a small one, is already embedding the chunk (a
 thought searched right after its capture), the search waits for that call's vector instead.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,9 +39,35 @@ log = logging.getLogger("services.search")
 #: Chunks not indexed yet that one search embeds, at most. Behind an import many keyword hits may be waiting; the
 #: best of them are the ones that can reach the first results, and each costs the search one model run.
 UNINDEXED_EMBEDS = 2
+#: Model runs all searches of the process may spend on chunks not indexed yet: ``RUNS_PER_SECOND`` on average, up to
+#: ``RUNS_BURST`` at once. Without it, under a steady mix of captures and searches (bench_soak.py: 8 clients, 20
+#: organizations, the worker 1,000-2,000 jobs behind) every search embedded hits and took the CPU the worker needed:
+#: 156 -> 100 requests/s, search p95 110 -> 355 ms. Past the budget a hit keeps the vector side's floor, as before.
+RUNS_PER_SECOND = 4.0
+RUNS_BURST = 8
 #: Longest a search waits for the job worker's model call already embedding a chunk it wants (a small call, a few
 #: model runs: ``services.jobs.worker.SHARED_CALL_TEXTS``); after it, the search embeds the chunk itself.
-FLIGHT_WAIT_SECONDS = 1.0
+FLIGHT_WAIT_SECONDS = 0.25
+
+
+class _RunBudget:
+    """A token bucket of model runs (``RUNS_PER_SECOND``, ``RUNS_BURST``), shared by the process's searches."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self, n: int) -> int:
+        """How many of ``n`` runs may go now (taken from the bucket)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        granted = min(n, int(self.tokens))
+        self.tokens -= granted
+        return granted
+
+
+_BUDGET = _RunBudget(RUNS_PER_SECOND, RUNS_BURST)
 
 
 def reachable(keyword: Sequence[KeywordRow], ranked: Sequence[Candidate], cut: int | None,
@@ -70,6 +98,10 @@ async def embed_unindexed(embedder: Embedder, recent: Any, org_id: str, query_ve
             for i, f in flights.items():
                 if f.done() and not f.cancelled():
                     cached[i] = f.result()  # None (the call failed): embedded below
+    to_run = [i for i, v in enumerate(cached) if v is None]
+    over = set(to_run[_BUDGET.take(len(to_run)):])  # past the process's budget: those keep the vector side's floor
+    picked = [r for i, r in enumerate(picked) if i not in over]
+    cached = [v for i, v in enumerate(cached) if i not in over]
     missing = [r["content"] for r, v in zip(picked, cached, strict=True) if v is None]
     try:
         fresh = iter(await embedder.embed(missing) if missing else ())
