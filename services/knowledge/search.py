@@ -27,7 +27,7 @@ from services.ports import Embedder, Reranker
 from services.search.fusion import KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, floor_terms, fts_query, fuse, query_terms
 from services.search.ranking import RerankCache
 from services.search.relevance import relevance_floor
-from services.search.unindexed import embed_unindexed, reachable
+from services.search.unindexed import PENDING_TEXT, embed_unindexed, reachable
 from services.storage.scoped import OrgVectors
 
 __all__ = ["KnowledgeSearch", "MAX_LIMIT", "RERANK_DEPTH"]
@@ -124,8 +124,7 @@ class KnowledgeSearch:
             return [], {}
         where, params = filters.sql("e", 5)
         rows = await self.sql.rows(
-            "SELECT c.id, c.parent_id, bm25(chunks_fts) AS bm25, CASE WHEN c.indexed_at IS NULL OR "
-            "c.vector_mutation IS NOT NULL THEN c.content END AS waiting FROM chunks_fts "
+            f"SELECT c.id, c.parent_id, bm25(chunks_fts) AS bm25, {PENDING_TEXT} AS waiting FROM chunks_fts "
             "JOIN chunks c ON c.pk = chunks_fts.rowid "
             "JOIN knowledge_entries e ON e.organization_id = c.organization_id AND e.uid = c.parent_id "
             "WHERE chunks_fts MATCH ?2 AND chunks_fts.organization_id = ?1 AND c.organization_id = ?1 "

@@ -36,7 +36,7 @@ from services.search.fusion import (
 from services.search.ranking import Ranking
 from services.search.relevance import relevance_floor
 from services.search.selective import Selective
-from services.search.unindexed import embed_unindexed, reachable
+from services.search.unindexed import PENDING_TEXT, embed_unindexed, hit_key, reachable
 from services.storage.scoped import OrgSql, OrgVectors
 
 __all__ = ["SearchOptions", "Search", "Hydrator", "KINDS", "MAX_TOP_K", "OVERFETCH", "RERANK_DEPTH"]
@@ -50,9 +50,6 @@ MAX_TOP_K = 100
 OVERFETCH = 3
 #: Hits the second stage (a configured reranker) rescores.
 RERANK_DEPTH = 30
-#: A keyword hit's chunk ``c`` when its vector is not in the index yet (its text, for ``_unindexed``), else NULL. On
-#: Vectorize a vector written but not yet confirmed searchable (``vector_mutation``) counts as not in it.
-_PENDING = "CASE WHEN c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL THEN c.content END"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +284,9 @@ class Search:
                 part = [(r["chunk_id"], "thought", r["document_id"], -float(r["bm25"])) for r in rows if r["chunk_id"]]
             else:
                 part = [(r["id"], r["kind"], r["parent_id"], -float(r["bm25"])) for r in rows]
-            for (chunk_id, kind, parent, _), r in zip(part, (r for r in rows if r.get("chunk_id", True)), strict=True):
+            for hit, r in zip(part, (r for r in rows if r.get("chunk_id", True)), strict=True):
                 if r["pending"] is not None:
-                    pending[parent if kind == "thought" else chunk_id] = {
-                        "id": chunk_id, "kind": kind, "parent_id": parent, "content": r["pending"]}
+                    pending[hit_key(hit)] = {"id": hit[0], "kind": hit[1], "parent_id": hit[2], "content": r["pending"]}
             part.sort(key=lambda r: r[3], reverse=True)  # FTS5's order (stable: ties as FTS5 gave them)
             out += part
         if "thought" in kinds and others:
@@ -308,7 +304,7 @@ class Search:
         if not found:
             return found
         rows = await self.sql.rows(
-            f"SELECT f.document_id, c.id AS chunk_id, {_PENDING} AS pending FROM (SELECT j.value AS document_id, "
+            f"SELECT f.document_id, c.id AS chunk_id, {PENDING_TEXT} AS pending FROM (SELECT j.value AS document_id, "
             "(SELECT c.pk FROM chunks c WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = j.value "
             "ORDER BY c.ordinal LIMIT 1) AS pk FROM json_each(?2) AS j) AS f LEFT JOIN chunks c ON c.pk = f.pk",
             [json.dumps([d for d, _ in found])])
@@ -327,7 +323,7 @@ class Search:
         sql = (
             f"SELECT document_id, bm25(documents_fts) AS bm25, {match.column} (SELECT c.id FROM chunks c "
             "WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id "
-            f"ORDER BY c.ordinal LIMIT 1) AS chunk_id, (SELECT {_PENDING} FROM chunks c WHERE c.organization_id = ?1 "
+            f"ORDER BY c.ordinal LIMIT 1) AS chunk_id, (SELECT {PENDING_TEXT} FROM chunks c WHERE c.organization_id = ?1 "
             "AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id ORDER BY c.ordinal LIMIT 1) AS pending "
             f"FROM documents_fts WHERE documents_fts MATCH {match.operand} "
             "AND documents_fts.organization_id = ?1"
@@ -348,7 +344,7 @@ class Search:
                         window: tuple[int | None, int | None] = (None, None)) -> tuple[str, list[Any]]:
         sql = (
             f"{match.prefix}SELECT c.id, c.kind, c.parent_id, {match.column} bm25(chunks_fts) AS bm25, "
-            f"{_PENDING} AS pending FROM chunks_fts "
+            f"{PENDING_TEXT} AS pending FROM chunks_fts "
             f"JOIN chunks c ON c.pk = chunks_fts.rowid WHERE chunks_fts MATCH {match.operand} "
             "AND c.organization_id = ?1 AND c.kind IN (SELECT value FROM json_each(?3))"
         )  # the organization check is on the joined chunk row: on chunks_fts it reads every matched row's stored
@@ -387,8 +383,8 @@ class Search:
     @staticmethod
     def _not_on_vector_side(keyword: list[KeywordRow], vector: list[VectorRow]) -> list[KeywordRow]:
         """Keyword hits the vector side did not return (a thought by its document, any other kind by its chunk)."""
-        on_vector_side = {r[2] if r[1] == "thought" else r[0] for r in vector}
-        return [r for r in keyword if (r[2] if r[1] == "thought" else r[0]) not in on_vector_side]
+        on_vector_side = {hit_key(r) for r in vector}
+        return [r for r in keyword if hit_key(r) not in on_vector_side]
 
     async def _unindexed(self, query_vector: np.ndarray, keyword: list[KeywordRow], vector: list[VectorRow],
                          pending: dict[str, dict[str, Any]], key: Callable[[str, str, str], tuple[str, str]],
@@ -399,9 +395,9 @@ class Search:
         first ``cut`` fused candidates with the best vector score."""
         if not pending:
             return []
-        wanted = [r for r in self._not_on_vector_side(keyword, vector) if (r[2] if r[1] == "thought" else r[0]) in pending]
+        wanted = [r for r in self._not_on_vector_side(keyword, vector) if hit_key(r) in pending]
         if not wanted:
             return []
         could = reachable(keyword, fuse(keyword, vector, key=key, keyword_depth=kw_depth, vector_depth=VECTOR_DEPTH), cut)
-        chunks = [pending.pop(h) for r in wanted if (h := r[2] if r[1] == "thought" else r[0]) in pending and could(r[3])]
+        chunks = [pending.pop(h) for r in wanted if (h := hit_key(r)) in pending and could(r[3])]
         return await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, chunks)

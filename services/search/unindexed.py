@@ -32,10 +32,14 @@ import numpy as np
 from services.ports import Embedder
 from services.search.fusion import VECTOR_WEIGHT, Candidate, KeywordRow, VectorRow
 
-__all__ = ["UNINDEXED_EMBEDS", "embed_unindexed", "reachable"]
+__all__ = ["UNINDEXED_EMBEDS", "PENDING_TEXT", "embed_unindexed", "hit_key", "reachable"]
 
 log = logging.getLogger("services.search")
 
+#: A keyword statement's chunk ``c`` when its vector is not in the index yet (its text), else NULL: the keyword
+#: statements select it, so no statement of its own finds the hits that wait. On Vectorize a vector written but not
+#: yet confirmed searchable (``vector_mutation``) counts as not in it.
+PENDING_TEXT = "CASE WHEN c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL THEN c.content END"
 #: Chunks not indexed yet that one search embeds, at most. Behind an import many keyword hits may be waiting; the
 #: best of them are the ones that can reach the first results, and each costs the search one model run.
 UNINDEXED_EMBEDS = 2
@@ -48,6 +52,11 @@ RUNS_BURST = 8
 #: Longest a search waits for the job worker's model call already embedding a chunk it wants (a small call, a few
 #: model runs: ``services.jobs.worker.SHARED_CALL_TEXTS``); after it, the search embeds the chunk itself.
 FLIGHT_WAIT_SECONDS = 0.25
+
+
+def hit_key(row: KeywordRow | VectorRow) -> str:
+    """What a hit stands for: a thought its document (any of its chunks), any other kind its own chunk."""
+    return row[2] if row[1] == "thought" else row[0]
 
 
 class _RunBudget:
