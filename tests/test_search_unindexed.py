@@ -205,6 +205,7 @@ class _Counting:
         from services.adapters.hash_embedder import HashEmbedder
 
         self.inner, self.calls = HashEmbedder(), []
+        self.max_tokens, self.count_tokens = self.inner.max_tokens, self.inner.count_tokens
 
     async def embed(self, texts):
         self.calls.append(list(texts))
@@ -279,5 +280,105 @@ def test_searches_share_a_budget_of_model_runs_for_unindexed_hits():
     the process's searches share a bucket of model runs, and past it a hit keeps the vector side's floor."""
     from services.search.unindexed import _RunBudget
 
-    bucket = _RunBudget(rate=0.0, burst=3)
-    assert [bucket.take(2), bucket.take(2), bucket.take(1)] == [2, 1, 0]
+    bucket = _RunBudget(rate=0.0, burst=3, reserve=0.0, share=1.0)
+    assert [bucket.take("a", [1, 1]), bucket.take("a", [1, 1]), bucket.take("a", [1])] == [
+        [True, True], [True, False], [False]]
+    # a cheaper run still fits where a full one does not
+    bucket = _RunBudget(rate=0.0, burst=1, reserve=0.0, share=1.0)
+    assert bucket.take("a", [0.75, 0.5, 0.2]) == [True, False, True]
+
+
+def test_one_organizations_searches_cannot_spend_the_budget_anothers_search_needs():
+    """An organization past its share of the budget may spend only what the process holds above a reserve; the
+    reserve is there for another organization's next search (a tenant's search storm does not starve another's
+    fresh captures). Alone, an organization still gets more than its share."""
+    from services.search.unindexed import UNINDEXED_EMBEDS, _RunBudget
+
+    t = [0.0]
+    bucket = _RunBudget(rate=4.0, burst=8, clock=lambda: t[0])
+    granted = bucket.take("storm", [1.0] * 10)
+    assert sum(granted) == 6  # its share (4) and what lies above the reserve (2), in order
+    assert granted == [True] * 6 + [False] * 4
+    assert bucket.take("quiet", [1.0] * UNINDEXED_EMBEDS) == [True] * UNINDEXED_EMBEDS
+    assert bucket.take("storm", [1.0]) == [False]
+    t[0] = 1.0  # a second later: the process's rate (4) goes to the only organization asking
+    assert sum(bucket.take("storm", [1.0] * 10)) == 2
+    t[0] = 2.0
+    assert sum(bucket.take("storm", [1.0] * 10)) == 4
+
+
+def test_a_run_costs_by_its_texts_length():
+    """The budget is CPU: a run on an agent's short memory costs a fraction of one on a long note's full chunk."""
+    from services.adapters.hash_embedder import HashEmbedder
+    from services.search.unindexed import run_cost
+
+    e = HashEmbedder()
+    assert run_cost(e, " ".join(["word"] * 2000)) == pytest.approx(1.0)  # a chunk is at most max_tokens
+    short = run_cost(e, " ".join(["word"] * 40))
+    assert 0.15 < short < 0.25
+
+
+TREES = "alder birch cedar dogwood elm fir ginkgo hazel larch maple oak poplar".split()
+
+
+def _long_note(i: int) -> str:
+    """A note longer than a chunk, found by the word "quarry" and by its own tree."""
+    words = ("lantern orchard copper violet meadow signal river basalt harbour thistle granite saffron "
+             "juniper pewter cobalt ember").split()
+    return f"Quarry shuttle log of the {TREES[i]}. " + " ".join(words[(i + k) % len(words)] for k in range(400))
+
+
+def test_short_memories_are_scored_where_a_long_notes_run_would_not_fit(no_worker, monkeypatch):
+    """With what is left of the budget, a search scores an agent's short memory right after its capture, and
+    leaves a long imported note (a full chunk) on the vector side's floor."""
+    from services.search import unindexed
+
+    live = no_worker
+    org = signup(live, "weighed")
+    recent = live.memex.recent_vectors
+    monkeypatch.setattr(unindexed, "_BUDGET", unindexed._RunBudget(rate=0.0, burst=0.5, reserve=0.0, share=1.0))
+    with live.client(headers=org.headers) as c:
+        seeds = [_capture(c, t) for t in FERRIES]
+        live.run(live.memex.worker.drain())
+        assert {_state(c, s) for s in seeds} == {"indexed"}
+        note = _capture(c, _long_note(1))
+        stored = len(recent._all)
+        hits = _search(c, "quarry shuttle log")
+        assert hits[0]["document_id"] == note  # found by its words
+        assert len(recent._all) == stored  # but not embedded: a full run does not fit
+        target = _capture(c, TARGET)
+        hits = _search(c, QUERY, explain=True)
+        assert hits[0]["document_id"] == target
+        assert hits[0]["explain"]["vector_score"] > 0.35, hits[0]["explain"]  # scored by its meaning
+        assert len(recent._all) == stored + 1
+
+
+def test_a_storm_of_searches_in_one_organization_leaves_anothers_fresh_capture_scored(no_worker, monkeypatch):
+    """Cross-tenant: one organization's searches, each embedding long notes not indexed yet, spend all they may of
+    the budget; another organization's search right after its capture is still scored by its meaning."""
+    from services.search import unindexed
+
+    live = no_worker
+    storm, quiet = signup(live, "storm"), signup(live, "quiet")
+    recent = live.memex.recent_vectors
+    monkeypatch.setattr(unindexed, "_BUDGET", unindexed._RunBudget(rate=0.0, burst=8))
+    with live.client(headers=storm.headers) as cs, live.client(headers=quiet.headers) as cq:
+        seeds = [_capture(cq, t) for t in FERRIES]
+        live.run(live.memex.worker.drain())
+        assert {_state(cq, s) for s in seeds} == {"indexed"}
+        r = cs.post("/v1/thoughts:batch", json={"items": [{"content": _long_note(i)} for i in range(12)]})
+        assert r.status_code in (200, 201, 207), r.text
+        notes = [it["result"]["id"] for it in r.json()["results"]]
+        stored = len(recent._all)
+        spent = []
+        for k in range(6):  # 2 new notes a search: its share (4 runs), down to the reserve (2), then nothing
+            _search(cs, f"quarry {TREES[2 * k]} {TREES[2 * k + 1]}")
+            spent.append(len(recent._all) - stored - sum(spent))
+        assert spent == [2, 2, 2, 0, 0, 0]
+        target = _capture(cq, TARGET)
+        hits = _search(cq, QUERY, explain=True)
+        assert hits[0]["document_id"] == target
+        assert hits[0]["explain"]["vector_score"] > 0.35, hits[0]["explain"]
+        assert len(recent._all) == stored + 7
+        # the other organization's pending notes never reach this one's results
+        assert not {h["document_id"] for h in _search(cq, "quarry shuttle log")} & set(notes)

@@ -42,9 +42,10 @@ MAX_ATTEMPTS = 8
 #: leaves room for the others' captures in the same call).
 ROUND_TEXTS = 256
 ORG_TEXTS = 128
-#: A model call of at most this many texts (a capture or two) is announced to searches (``RecentVectors.expect``): one
-#: that wants such a text's vector waits for the call instead of running the model on it again.
-SHARED_CALL_TEXTS = 2
+#: A model call of at most this many texts' tokens (a capture or two, or one long note's chunks: ~0.1-0.2 s of MiniLM
+#: on these cores) is announced to searches (``RecentVectors.expect``): one that wants such a text's vector waits for
+#: the call instead of running the model on it again. A bigger call (an import's) outlasts the search's wait.
+SHARED_CALL_TOKENS = 1024
 #: While the disk is full the worker probes again after 0.5 s, doubling up to this.
 PAUSE_MAX_SECONDS = 5.0
 
@@ -524,9 +525,9 @@ class JobWorker:
             room -= len(collected.texts)
             shares.append((org_id, store, collected))
         texts = [t for _, _, c in shares for t in c.texts]
-        # a small call (a capture or two) is announced: a search that wants one of these vectors waits for it
+        # a small call (a capture or two, one long note) is announced: a search that wants one of these vectors waits for it
         # instead of running the model on the same text (services.search.unindexed)
-        recent = getattr(stage, "recent", None) if 0 < len(texts) <= SHARED_CALL_TEXTS else None
+        recent = getattr(stage, "recent", None) if texts and self._small_call(texts) else None
         if recent is not None:
             for org_id, _, c in shares:
                 recent.expect(org_id, c.texts)
@@ -573,6 +574,15 @@ class JobWorker:
             for call in calls:
                 done += await finish(*call)
         return done, later
+
+    def _small_call(self, texts: list[str]) -> bool:
+        """Whether a model call on ``texts`` is small enough to announce (``SHARED_CALL_TOKENS``)."""
+        limit, total = self.embedder.max_tokens, 0
+        for t in texts:
+            total += min(self.embedder.count_tokens(t) + 2, limit)
+            if total > SHARED_CALL_TOKENS:
+                return False
+        return True
 
     async def _fail_all(self, org_id: str, jobs: list[Job], exc: BaseException) -> None:
         try:

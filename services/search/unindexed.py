@@ -12,11 +12,13 @@ So a search embeds those hits' first chunks itself, scores them against the quer
 and fuses them as vector-side rows (``fuse(unindexed=...)``): the hits that could reach the candidates the search
 hydrates with the best vector score (``reachable``; behind an import most keyword hits cannot), best keyword hit
 first, at most ``UNINDEXED_EMBEDS`` of them, within a budget of model runs the process's searches share
-(``RUNS_PER_SECOND``). Each is a model run on the request: behind an import of long notes, 3 of them took a search's
-p50 from ~40 to ~160 ms, 1 to ~80 (bench/README.md). No run is done twice: a vector the
-search computes is left in ``RecentVectors`` (services.search.recent_vectors) and the chunk's embedding job takes it
-instead of running the model again; and when the job's model call, a small one, is already embedding the chunk (a
-thought searched right after its capture), the search waits for that call's vector instead.
+(``RUNS_PER_SECOND``), weighed by length (a short memory costs a fraction of a long note's chunk) and with a share
+per organization (one organization's searches cannot spend what another's need). Each is a model run on the
+request: behind an import of long notes, 3 of them took a search's p50 from ~40 to ~160 ms, 1 to ~80
+(bench/README.md). No run is done twice: a vector the search computes is left in ``RecentVectors``
+(services.search.recent_vectors) and the chunk's embedding job takes it instead of running the model again; and when
+the job's model call, a small one, is already embedding the chunk (a thought searched right after its capture), the
+search waits for that call's vector instead.
 """
 
 from __future__ import annotations
@@ -44,13 +46,25 @@ PENDING_TEXT = "CASE WHEN c.indexed_at IS NULL OR c.vector_mutation IS NOT NULL 
 #: best of them are the ones that can reach the first results, and each costs the search one model run.
 UNINDEXED_EMBEDS = 2
 #: Model runs all searches of the process may spend on chunks not indexed yet: ``RUNS_PER_SECOND`` on average, up to
-#: ``RUNS_BURST`` at once. Without it, under a steady mix of captures and searches (bench_soak.py: 8 clients, 20
-#: organizations, the worker 1,000-2,000 jobs behind) every search embedded hits and took the CPU the worker needed:
-#: 156 -> 100 requests/s, search p95 110 -> 355 ms. Past the budget a hit keeps the vector side's floor, as before.
+#: ``RUNS_BURST`` at once, counted in runs over a chunk of the model's full length. Without it, under a steady mix of
+#: captures and searches (bench_soak.py: 8 clients, 20 organizations, the worker 1,000-2,000 jobs behind) every
+#: search embedded hits and took the CPU the worker needed: 156 -> 100 requests/s, search p95 110 -> 355 ms. Past
+#: the budget a hit keeps the vector side's floor, as before.
 RUNS_PER_SECOND = 4.0
 RUNS_BURST = 8
+#: A run's fixed cost, in tokens: one MiniLM run on one text took ~1.7 ms + ~0.16 ms a token on these cores (3.3 ms at
+#: 10 tokens, 7.9 at 40, 43 at 250), so a run costs ``(tokens + RUN_OVERHEAD_TOKENS) / (max_tokens +
+#: RUN_OVERHEAD_TOKENS)`` of a full one: an agent's short memory (40 words, ~50 tokens) about a quarter of an
+#: imported note's first chunk.
+RUN_OVERHEAD_TOKENS = 10
+#: An organization's share of the budget (a bucket of its own, this fraction of the rate and the burst). Past its
+#: share it may still spend what the process's bucket holds above a reserve of ``RESERVE`` of the burst (2 runs: what
+#: one search embeds at most), kept for the organizations within theirs: one organization's searches alone get the
+#: whole rate, and they cannot take what another's next search needs.
+ORG_SHARE = 0.5
+RESERVE = 0.25
 #: Longest a search waits for the job worker's model call already embedding a chunk it wants (a small call, a few
-#: model runs: ``services.jobs.worker.SHARED_CALL_TEXTS``); after it, the search embeds the chunk itself.
+#: model runs: ``services.jobs.worker.SHARED_CALL_TOKENS``); after it, the search embeds the chunk itself.
 FLIGHT_WAIT_SECONDS = 0.25
 
 
@@ -59,21 +73,57 @@ def hit_key(row: KeywordRow | VectorRow) -> str:
     return row[2] if row[1] == "thought" else row[0]
 
 
-class _RunBudget:
-    """A token bucket of model runs (``RUNS_PER_SECOND``, ``RUNS_BURST``), shared by the process's searches."""
+class _Bucket:
+    __slots__ = ("rate", "burst", "tokens", "at")
 
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, float(burst)
-        self.tokens, self.at = float(burst), time.monotonic()
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, burst, burst, now
 
-    def take(self, n: int) -> int:
-        """How many of ``n`` runs may go now (taken from the bucket)."""
-        now = time.monotonic()
+    def refill(self, now: float) -> float:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        granted = min(n, int(self.tokens))
-        self.tokens -= granted
-        return granted
+        return self.tokens
+
+
+class _RunBudget:
+    """The token buckets of model runs spent by the process's searches (``RUNS_PER_SECOND``, ``RUNS_BURST``): one
+    for the process, one per organization (``ORG_SHARE`` of it). Runs are weighed by their texts' length
+    (``run_cost``)."""
+
+    def __init__(self, rate: float, burst: float, *, share: float = ORG_SHARE, reserve: float = RESERVE,
+                 clock: Callable[[], float] = time.monotonic, max_orgs: int = 4096) -> None:
+        self.clock, self.share, self.max_orgs = clock, share, max_orgs
+        self.reserve = reserve * burst
+        self.process = _Bucket(rate, float(burst), clock())
+        self._orgs: dict[str, _Bucket] = {}
+
+    def take(self, org_id: str, costs: Sequence[float]) -> list[bool]:
+        """Which of the runs of ``costs`` (in runs, best hit first) may go now; the granted ones are taken."""
+        now = self.clock()
+        total = self.process.refill(now)
+        org = self._orgs.get(org_id)
+        if org is None:
+            if len(self._orgs) >= self.max_orgs:  # a full bucket is as good as none: forget those, else the oldest
+                kept = {k: b for k, b in self._orgs.items() if b.refill(now) < b.burst}
+                self._orgs = kept if len(kept) < self.max_orgs // 2 else dict(list(kept.items())[-self.max_orgs // 2:])
+            org = self._orgs[org_id] = _Bucket(self.process.rate * self.share, self.process.burst * self.share, now)
+        own = org.refill(now)
+        out = []
+        for cost in costs:
+            # within the organization's share, or past it from what the process holds above the reserve
+            ok = total >= cost and (own >= cost or total - cost >= self.reserve)
+            if ok:
+                total -= cost
+                own = max(0.0, own - cost)
+            out.append(ok)
+        self.process.tokens, org.tokens = total, own
+        return out
+
+
+def run_cost(embedder: Embedder, text: str) -> float:
+    """A model run on ``text``, in runs on a chunk of the model's full length (``RUN_OVERHEAD_TOKENS``)."""
+    full = embedder.max_tokens + RUN_OVERHEAD_TOKENS
+    return (min(embedder.count_tokens(text) + 2, embedder.max_tokens) + RUN_OVERHEAD_TOKENS) / full
 
 
 _BUDGET = _RunBudget(RUNS_PER_SECOND, RUNS_BURST)
@@ -108,7 +158,8 @@ async def embed_unindexed(embedder: Embedder, recent: Any, org_id: str, query_ve
                 if f.done() and not f.cancelled():
                     cached[i] = f.result()  # None (the call failed): embedded below
     to_run = [i for i, v in enumerate(cached) if v is None]
-    over = set(to_run[_BUDGET.take(len(to_run)):])  # past the process's budget: those keep the vector side's floor
+    granted = _BUDGET.take(org_id, [run_cost(embedder, picked[i]["content"]) for i in to_run]) if to_run else []
+    over = {i for i, ok in zip(to_run, granted, strict=True) if not ok}  # past the budget: they keep the floor
     picked = [r for i, r in enumerate(picked) if i not in over]
     cached = [v for i, v in enumerate(cached) if i not in over]
     missing = [r["content"] for r, v in zip(picked, cached, strict=True) if v is None]
