@@ -307,6 +307,22 @@ def test_one_organizations_searches_cannot_spend_the_budget_anothers_search_need
     assert sum(bucket.take("storm", [1.0] * 10)) == 4
 
 
+def test_the_budget_remembers_a_bounded_number_of_organizations():
+    """A share per organization must not grow with every organization that ever searched: a full bucket is
+    forgotten (it is as good as a new one), and past the bound the oldest go."""
+    from services.search.unindexed import _RunBudget
+
+    t = [0.0]
+    bucket = _RunBudget(rate=4.0, burst=8, clock=lambda: t[0], max_orgs=8)
+    for i in range(100):
+        t[0] += 0.01  # each spends a run, so none is full again yet
+        bucket.take(f"org{i}", [0.1])
+        assert len(bucket._orgs) <= 8
+    t[0] += 60.0  # all full again: forgotten at the next newcomer's turn
+    bucket.take("late", [0.1])
+    assert list(bucket._orgs) == ["late"]
+
+
 def test_a_run_costs_by_its_texts_length():
     """The budget is CPU: a run on an agent's short memory costs a fraction of one on a long note's full chunk."""
     from services.adapters.hash_embedder import HashEmbedder
