@@ -31,6 +31,7 @@ from services.ids import now_ms
 from services.ports import Embedder, Statement
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import OrgStores
+from services.text.chunking import model_input_tokens
 
 __all__ = ["CLAIM_SQL", "SETTLE_DONE_SQL", "Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS",
            "Stage", "Collected", "settle_jobs", "ROUND_TEXTS", "ORG_TEXTS"]
@@ -577,9 +578,9 @@ class JobWorker:
 
     def _small_call(self, texts: list[str]) -> bool:
         """Whether a model call on ``texts`` is small enough to announce (``SHARED_CALL_TOKENS``)."""
-        limit, total = self.embedder.max_tokens, 0
+        total = 0
         for t in texts:
-            total += min(self.embedder.count_tokens(t) + 2, limit)
+            total += model_input_tokens(self.embedder, t)
             if total > SHARED_CALL_TOKENS:
                 return False
         return True

@@ -88,12 +88,12 @@ class KnowledgeSearch:
         # (services.search.unindexed): each one's best keyword chunk, when it could reach the hydrated candidates
         on_vector_side = {r[2] for r in vector}
         firsts = {r[2]: r[0] for r in reversed(keyword)}
+        fresh = [r for r in keyword if r[0] in waiting and firsts[r[2]] == r[0] and r[2] not in on_vector_side]
         unindexed = []
-        if any(r[0] in waiting and r[2] not in on_vector_side for r in keyword):
+        if fresh:
             could = reachable(keyword, fuse(keyword, vector, key=key), depth + 5)
-            unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector, [
-                waiting[r[0]] for r in keyword
-                if r[0] in waiting and firsts[r[2]] == r[0] and r[2] not in on_vector_side and could(r[3])])
+            unindexed = await embed_unindexed(self.embedder, self.recent, self.sql.org_id, query_vector,
+                                              [waiting[r[0]] for r in fresh if could(r[3])])
         ranked = fuse(keyword, vector, key=key, unindexed=unindexed)
         # An entry the query's words found shows (and is judged by the relevance floor on) the passage holding them,
         # not a nearer passage by meaning that may hold none of them.

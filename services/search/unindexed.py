@@ -33,6 +33,7 @@ import numpy as np
 
 from services.ports import Embedder
 from services.search.fusion import VECTOR_WEIGHT, Candidate, KeywordRow, VectorRow
+from services.text.chunking import model_input_tokens
 
 __all__ = ["UNINDEXED_EMBEDS", "PENDING_TEXT", "embed_unindexed", "hit_key", "reachable"]
 
@@ -123,7 +124,7 @@ class _RunBudget:
 def run_cost(embedder: Embedder, text: str) -> float:
     """A model run on ``text``, in runs on a chunk of the model's full length (``RUN_OVERHEAD_TOKENS``)."""
     full = embedder.max_tokens + RUN_OVERHEAD_TOKENS
-    return (min(embedder.count_tokens(text) + 2, embedder.max_tokens) + RUN_OVERHEAD_TOKENS) / full
+    return (model_input_tokens(embedder, text) + RUN_OVERHEAD_TOKENS) / full
 
 
 _BUDGET = _RunBudget(RUNS_PER_SECOND, RUNS_BURST)
