@@ -319,13 +319,13 @@ class Search:
     @staticmethod
     def _keyword_documents(match: Selective, parent_id: str | None, width: int,
                            hydrate: str | None = None) -> tuple[str, list[Any]]:
-        # ORDER BY rank is sorted inside FTS5, so the chunk subquery runs for the returned rows only.
+        # ORDER BY rank is sorted inside FTS5, so the first-chunk subquery runs for the returned rows only; it finds
+        # the chunk's row once, and the outer statement reads what it needs of it (its id, its text while it waits
+        # for its vector), in the hits' order (the subquery with its LIMIT runs first, as a co-routine).
         sql = (
-            f"SELECT document_id, bm25(documents_fts) AS bm25, {match.column} (SELECT c.id FROM chunks c "
+            f"SELECT document_id, bm25(documents_fts) AS bm25, {match.column} (SELECT c.pk FROM chunks c "
             "WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id "
-            f"ORDER BY c.ordinal LIMIT 1) AS chunk_id, (SELECT {PENDING_TEXT} FROM chunks c WHERE c.organization_id = ?1 "
-            "AND c.kind = 'thought' AND c.parent_id = documents_fts.document_id ORDER BY c.ordinal LIMIT 1) AS pending "
-            f"FROM documents_fts WHERE documents_fts MATCH {match.operand} "
+            f"ORDER BY c.ordinal LIMIT 1) AS first_pk FROM documents_fts WHERE documents_fts MATCH {match.operand} "
             "AND documents_fts.organization_id = ?1"
         )
         params: list[Any] = [match.param, width]
@@ -333,10 +333,13 @@ class Search:
             sql += " AND documents_fts.document_id = ?4"
             params.append(parent_id)
         sql += " ORDER BY rank LIMIT ?3"
-        if hydrate is not None:  # each hit's document and first chunk, read with it (``_keyword``'s prefetch)
-            sql = (f"SELECT k.*, {hydrate} FROM ({sql}) AS k "
+        if hydrate is None:  # a thought without chunks (mid-write) is still a row, with no chunk_id
+            sql = (f"SELECT k.*, c.id AS chunk_id, {PENDING_TEXT} AS pending FROM ({sql}) AS k "
+                   "LEFT JOIN chunks c ON c.organization_id = ?1 AND c.pk = k.first_pk")
+        else:  # each hit's document and first chunk, read with it (``_keyword``'s prefetch)
+            sql = (f"SELECT k.*, c.id AS chunk_id, {PENDING_TEXT} AS pending, {hydrate} FROM ({sql}) AS k "
                    "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = k.document_id "
-                   "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = k.chunk_id")
+                   "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.pk = k.first_pk")
         return match.prefix + sql, params
 
     @staticmethod
