@@ -39,6 +39,7 @@ __all__ = [
     "VectorIndexInfo",
     "VectorIndex",
     "Embedder",
+    "model_input_tokens",
     "ChatMessage",
     "LLMResult",
     "LLM",
@@ -198,6 +199,11 @@ class Embedder(Protocol):
         """A search query -> shape (dimensions,), float32, unit length. A model without a query-specific
         mode embeds the text as a document (``embed([text])[0]``)."""
         ...
+
+
+def model_input_tokens(embedder: Embedder, text: str) -> int:
+    """Tokens a model run on ``text`` sees: its own and [CLS]/[SEP], truncated at the embedder's ``max_tokens``."""
+    return min(embedder.count_tokens(text) + 2, embedder.max_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,10 +28,9 @@ import numpy as np
 from services.background import IN_BACKGROUND, background
 from services.errors import EmbeddingModelMismatch, InsufficientStorage, NotFound
 from services.ids import now_ms
-from services.ports import Embedder, Statement
+from services.ports import Embedder, Statement, model_input_tokens
 from services.storage.scoped import OrgSql, OrgVectors
 from services.storage.stores import OrgStores
-from services.text.chunking import model_input_tokens
 
 __all__ = ["CLAIM_SQL", "SETTLE_DONE_SQL", "Job", "Handler", "JobWorker", "JobDeferred", "renew_lease", "LEASE_MS",
            "Stage", "Collected", "settle_jobs", "ROUND_TEXTS", "ORG_TEXTS"]

@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from services.ports import Embedder
+from services.ports import Embedder, model_input_tokens
 from services.search.fusion import VECTOR_WEIGHT, Candidate, KeywordRow, VectorRow
-from services.text.chunking import model_input_tokens
 
 __all__ = ["UNINDEXED_EMBEDS", "PENDING_TEXT", "embed_unindexed", "hit_key", "reachable"]
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["chunk_text", "chunk_spans", "default_chunk_params", "model_input_tokens"]
+__all__ = ["chunk_text", "chunk_spans", "default_chunk_params"]
 
 TokenCounter = Callable[[str], int]
 
@@ -44,10 +44,6 @@ _NON_SPACE_RUN = re.compile(r"\S+")
 
 class _HasMaxTokens(Protocol):
     max_tokens: int
-
-
-class _CountsTokens(_HasMaxTokens, Protocol):
-    def count_tokens(self, text: str) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +60,6 @@ def default_chunk_params(embedder: _HasMaxTokens) -> tuple[int, int]:
     """``(max_tokens, overlap_tokens)`` for an embedder: room for [CLS]/[SEP], overlap of 1/8."""
     max_tokens = embedder.max_tokens - 2
     return max_tokens, max_tokens // 8
-
-
-def model_input_tokens(embedder: _CountsTokens, text: str) -> int:
-    """Tokens a model run on ``text`` sees: its own and [CLS]/[SEP], truncated at the embedder's ``max_tokens``."""
-    return min(embedder.count_tokens(text) + 2, embedder.max_tokens)
 
 
 def chunk_text(
