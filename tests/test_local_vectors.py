@@ -461,6 +461,29 @@ async def test_big_namespace_code_paths_give_the_same_answers(index, monkeypatch
         assert [m.score for m in a] == pytest.approx([m.score for m in b], abs=1e-6)
 
 
+def test_the_int8_pass_keeps_the_best_candidates_whatever_its_sample_reads():
+    """The int8 pass keeps its ``c`` best-scored rows by a threshold read off a sample of the scores: the rows it
+    keeps must be the ``c`` best of all (as a multiset of scores, each row once), when the sample is typical, when
+    it holds the very best rows (too few reach its threshold: the whole array is partitioned), with ties, and
+    for every size up to a few samples."""
+    from services.adapters.vector_matrix import _SAMPLE_STEP, _best
+
+    rng = np.random.default_rng(11)
+    cases = [rng.standard_normal(m).astype(np.float32) for m in (1, 2, 63, 64, 65, 300, 301, 1000, 20_000)]
+    cases.append(np.round(rng.standard_normal(20_000), 1).astype(np.float32))  # many ties
+    sampled_best = rng.standard_normal(20_000).astype(np.float32)
+    sampled_best[::_SAMPLE_STEP] += 100.0  # every row the sample reads is among the best
+    cases.append(sampled_best)
+    cases.append(np.ones(5_000, dtype=np.float32))  # all equal
+    for values in cases:
+        for c in {1, 7, 300, len(values) - 1, len(values)}:
+            if not 1 <= c <= len(values):
+                continue
+            got = _best(values, c)
+            assert len(got) == c and len(set(got.tolist())) == c
+            assert np.array_equal(np.sort(values[got]), np.sort(values)[len(values) - c :])
+
+
 async def test_the_int8_first_pass_finds_the_exact_answer(monkeypatch):
     """Big namespaces rank candidates by their int8 copies, then score those exactly: the results (ids, order and
     scores) must be the float32 scan's, unfiltered, under a filter most rows pass, under a rare one (a mask),
