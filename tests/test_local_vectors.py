@@ -295,6 +295,58 @@ async def test_a_rare_filter_stays_exact_through_writes(index):
     await check(rare, want)
 
 
+@pytest.mark.parametrize("int8_pass", [False, True], ids=["float-scan", "int8-pass"])
+async def test_a_common_filter_stays_exact_through_writes(index, monkeypatch, int8_pass):
+    """A filter most rows pass (the search's own: a ``kind``) keeps each row's verdict once asked, so that later
+    searches do not ask again: a row whose metadata an upsert changes, new rows, deletes (swap-remove) and the
+    matrix growing and shrinking must keep the answers exact, on the float scan and behind the int8 pass."""
+    import services.adapters.vector_matrix as matrix
+
+    if int8_pass:
+        monkeypatch.setattr(matrix, "QUANTIZED_MIN_ROWS", 1)
+    rng = np.random.default_rng(12)
+    truth_vecs: dict[str, np.ndarray] = {}
+    truth_meta: dict[str, dict] = {}
+
+    async def put(items):
+        await index.upsert([Vector(vid, v, "A", m) for vid, v, m in items])
+        for vid, v, m in items:
+            truth_vecs[vid], truth_meta[vid] = v / np.linalg.norm(v), m
+
+    queries = [rng.normal(size=DIMS).astype(np.float32) for _ in range(6)]
+
+    async def check(top_k=10):
+        for q in queries:  # the same queries each time: their rows have verdicts from the searches before
+            qn = q / np.linalg.norm(q)
+            ok = [vid for vid in truth_vecs if truth_meta[vid]["kind"] == "thought"]
+            ok.sort(key=lambda vid: -float(truth_vecs[vid] @ qn))
+            assert await ids_of(index, q, top_k=top_k, filter={"kind": {"$in": ["thought"]}}) == ok[:top_k]
+
+    await put([(f"v{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "turn" if i % 20 == 0 else "thought"})
+               for i in range(2000)])
+    await check()
+    # the best rows of each query stop passing: their remembered verdicts must follow
+    best = {vid for q in queries for vid in await ids_of(index, q, top_k=10, filter={"kind": {"$in": ["thought"]}})}
+    await put([(vid, truth_vecs[vid], {"kind": "turn"}) for vid in best])
+    await check()
+    await put([(vid, truth_vecs[vid], {"kind": "thought"}) for vid in list(best)[::2]])  # and pass again
+    await check()
+    await put([(f"new{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "thought" if i % 3 else "turn"})
+               for i in range(2500)])  # the matrix grows
+    await check()
+    gone = [f"v{i}" for i in range(0, 2000, 3)] + [f"new{i}" for i in range(0, 2500, 2)]
+    await index.delete_by_ids(gone)
+    for vid in gone:
+        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await check()
+    rest = list(truth_vecs)
+    await index.delete_by_ids(rest[60:])  # the matrix shrinks
+    for vid in rest[60:]:
+        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await check()
+    await check(top_k=50)  # more than pass: every one that does
+
+
 async def test_metadata_is_returned_on_request_and_is_a_copy(index):
     await index.upsert([Vector("a", e(0), "A", {"tags": ["x"], "kind": "note"})])
     (m,) = await index.query(e(0), top_k=1, namespace="A", return_metadata=True)

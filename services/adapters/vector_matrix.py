@@ -7,11 +7,13 @@ over the int8 rows (SimSIMD's int8 dot product: a quarter of the memory to read,
 decides only which rows are rescored: recall@100 against the float32 scan was 1.000 on 100k clustered and
 random unit vectors (bench/bench_vector_libs.py), at a third of the time. Under a filter, the best candidates
 are walked in score order first (a window of ``4 * top_k``, at least 64): a filter most rows pass is done there.
-When too few pass, the filter's verdict on every row becomes a boolean mask, kept per namespace for its
-``MASKS`` most recently used filters and maintained on every write (one predicate call per filter per written
-row), and the search scores only the rows the mask lets through: a 1% filter over 10k rows went from 17 ms
-(walking every row in Python) to about 1 ms (bench/bench_vector_libs.py). ``unit_rows`` and
-``unit_query`` check and normalise what goes in.
+The filter's verdicts are remembered per row (an int8 array: 1 passes, 0 fails, -1 not asked yet), per namespace
+for its ``MASKS`` most recently used filters, and maintained on every write (one predicate call per filter per
+written row): a walk asks the predicate only of rows it has not judged before (at 100k rows the walk of the
+thoughts' filter, ``kind`` and organization, was ~0.4 ms of a ~3 ms search, in Python; bench/README.md). When too
+few pass, every row gets a verdict, the filter is marked selective, and its searches score only the rows that pass:
+a 1% filter over 10k rows went from 17 ms (walking every row in Python) to about 1 ms
+(bench/bench_vector_libs.py). ``unit_rows`` and ``unit_query`` check and normalise what goes in.
 
 Thread-safety: the caller holds ``Namespace.lock`` (``search_locked`` takes it for a search).
 """
@@ -76,8 +78,10 @@ class Namespace:
             e = min(self.n, s + _QUANTIZE_STEP)
             self.q8[s:e], self.inv[s:e] = quantize(mat[s:e])
         self.pos: dict[str, int] = {vid: i for i, vid in enumerate(self.ids)}
-        #: filter key -> (predicate, verdict per row: a bool array as long as ``mat``), most recently used last
-        self.masks: OrderedDict[str, tuple[Callable[[Mapping[str, Any]], bool], np.ndarray]] = OrderedDict()
+        #: filter key -> (predicate, verdict per row: an int8 array as long as ``mat``, 1 passes, 0 fails, -1 not
+        #: asked yet; selective: every row has its verdict and searches score only those that pass), most recently
+        #: used last
+        self.masks: OrderedDict[str, tuple[Callable[[Mapping[str, Any]], bool], np.ndarray, bool]] = OrderedDict()
 
     # all methods below: caller holds self.lock
 
@@ -100,10 +104,10 @@ class Namespace:
                 inv = np.empty(grown.shape[0], dtype=np.float32)
                 inv[: self.n] = self.inv[: self.n]
                 self.q8, self.inv = q8, inv
-                for key, (pred, mask) in list(self.masks.items()):
-                    bigger = np.zeros(grown.shape[0], dtype=bool)
+                for key, (pred, mask, selective) in list(self.masks.items()):
+                    bigger = np.full(grown.shape[0], -1, dtype=np.int8)
                     bigger[: self.n] = mask[: self.n]
-                    self.masks[key] = (pred, bigger)
+                    self.masks[key] = (pred, bigger, selective)
             i = self.n
             self.n += 1
             self.ids.append(vid)
@@ -114,8 +118,8 @@ class Namespace:
         self.mat[i] = row
         q8, inv = quantize(np.asarray(row, dtype=np.float32)[None, :])
         self.q8[i], self.inv[i] = q8[0], inv[0]
-        for pred, mask in self.masks.values():
-            mask[i] = pred(meta)
+        for pred, mask, _ in self.masks.values():
+            mask[i] = bool(pred(meta))
 
     def remove(self, vid: str) -> None:
         i = self.pos.pop(vid, None)
@@ -130,7 +134,7 @@ class Namespace:
             self.ids[i] = moved
             self.metas[i] = self.metas[last]
             self.pos[moved] = i
-            for _, mask in self.masks.values():
+            for _, mask, _ in self.masks.values():
                 mask[i] = mask[last]
         self.ids.pop()
         self.metas.pop()
@@ -141,8 +145,8 @@ class Namespace:
             self.mat = self.mat[:keep].copy()
             self.q8 = self.q8[:keep].copy()
             self.inv = self.inv[:keep].copy()
-            for key, (pred, mask) in list(self.masks.items()):
-                self.masks[key] = (pred, mask[:keep].copy())
+            for key, (pred, mask, selective) in list(self.masks.items()):
+                self.masks[key] = (pred, mask[:keep].copy(), selective)
 
     def clear(self) -> None:
         self.ids, self.metas, self.pos, self.n = [], [], {}, 0
@@ -161,30 +165,39 @@ class Namespace:
         filter_key: str | None = None,
     ) -> list[VectorMatch]:
         """The ``top_k`` best rows for ``q`` that ``predicate`` passes (best first; ties by row order).
-        ``filter_key`` names the filter (its canonical JSON) so that its mask can be kept (``MASKS``)."""
+        ``filter_key`` names the filter (its canonical JSON) so that its verdicts can be kept (``MASKS``)."""
         n = self.n
         if n == 0:
             return []
         cached = self.masks.get(filter_key) if filter_key is not None and predicate is not None else None
         if cached is not None:
             self.masks.move_to_end(filter_key)
-            rows, scores = self._ranked(q, top_k, np.flatnonzero(cached[1][:n]))
+        if cached is not None and cached[2]:
+            rows, scores = self._ranked(q, top_k, np.flatnonzero(cached[1][:n] == 1))
         elif predicate is None:
             rows, scores = self._ranked(q, top_k)
         else:
-            # walk the best candidates in score order; when too few pass, score only the rows that pass
+            if cached is None and filter_key is not None:
+                cached = self._keep(filter_key, predicate, np.full(self.mat.shape[0], -1, dtype=np.int8), False)
+            verdicts = cached[1] if cached is not None else np.full(self.mat.shape[0], -1, dtype=np.int8)
+            # The best top_k rows, when all pass (a filter most rows pass: the common case), else the best rows of a
+            # wider window walked in score order (the int8 pass's scores serve both); when too few pass, score only
+            # the rows that pass.
+            # (Below QUANTIZED_MIN_ROWS every row is scored whatever the depth: the window at once.)
             window = min(n, max(4 * top_k, 64))
-            rows, scores = self._ranked(q, window)
-            passed = self._walk(rows, top_k, predicate)
+            approx = self._approx(q) if n >= QUANTIZED_MIN_ROWS else None
+            rows, scores = self._ranked(q, top_k if approx is not None else window, approx=approx)
+            passed = self._walk(rows, top_k, predicate, verdicts)
+            if len(passed) < top_k and len(rows) < window:
+                rows, scores = self._ranked(q, window, approx=approx)
+                passed = self._walk(rows, top_k, predicate, verdicts)
             if len(passed) == top_k or window >= n:
                 rows, scores = rows[passed], scores[passed]
             else:
-                mask = self._mask(predicate)
+                self._judge_all(predicate, verdicts)
                 if filter_key is not None:
-                    self.masks[filter_key] = (predicate, mask)
-                    while len(self.masks) > MASKS:
-                        self.masks.popitem(last=False)
-                rows, scores = self._ranked(q, top_k, np.flatnonzero(mask[:n]))
+                    self._keep(filter_key, predicate, verdicts, True)
+                rows, scores = self._ranked(q, top_k, np.flatnonzero(verdicts[:n] == 1))
         if len(rows) == 0:
             return []
         picked = rows.tolist()
@@ -203,8 +216,21 @@ class Namespace:
             for i, s in zip(picked, sel, strict=True)
         ]
 
-    def _ranked(self, q: np.ndarray, depth: int, subset: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The best ``depth`` rows (of ``subset``, else all), best first (ties by row), and their exact scores."""
+    def _approx(self, q: np.ndarray, subset: np.ndarray | None = None) -> np.ndarray:
+        """The int8 pass: every row's (or ``subset``'s) approximate score, the int8 dot product scaled back."""
+        q8 = self.q8[: self.n] if subset is None else self.q8[subset]
+        inv = self.inv[: self.n] if subset is None else self.inv[subset]
+        qq, _ = quantize(q[None, :])
+        # The int8 dot products are integers below 2**24 (384 x 127 x 127), exact in float32: written straight
+        # into a float32 row (SimSIMD's default is a float64 matrix, and the scaling then doubles its cost).
+        approx = np.empty((1, len(q8)), dtype=np.float32)
+        simsimd.cdist(qq, q8, metric="dot", threads=1, out=approx)
+        return np.multiply(approx[0], inv, out=approx[0])
+
+    def _ranked(self, q: np.ndarray, depth: int, subset: np.ndarray | None = None,
+                approx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``depth`` rows (of ``subset``, else all), best first (ties by row), and their exact scores.
+        ``approx``: the int8 pass's scores of the same rows, when the caller has them already."""
         n = self.n
         m = n if subset is None else len(subset)
         if m == 0:
@@ -217,14 +243,8 @@ class Namespace:
             scores = mat @ q if mat.size <= _BLAS_MAX_FLOATS else np.einsum("ij,j->i", mat, q)
             rows = np.arange(n) if subset is None else subset
         else:
-            q8 = self.q8[:n] if subset is None else self.q8[subset]
-            inv = self.inv[:n] if subset is None else self.inv[subset]
-            qq, _ = quantize(q[None, :])
-            # The int8 dot products are integers below 2**24 (384 x 127 x 127), exact in float32: written straight
-            # into a float32 row (SimSIMD's default is a float64 matrix, and the scaling then doubles its cost).
-            approx = np.empty((1, m), dtype=np.float32)
-            simsimd.cdist(qq, q8, metric="dot", threads=1, out=approx)
-            approx = np.multiply(approx[0], inv, out=approx[0])
+            if approx is None:
+                approx = self._approx(q, subset)
             cand = _best(approx, min(m, 2 * depth + 100))
             rows = cand if subset is None else subset[cand]
             scores = self.mat[rows] @ q
@@ -235,28 +255,42 @@ class Namespace:
         order = np.lexsort((rows, -scores))
         return rows[order], scores[order]
 
-    def _walk(self, rows: np.ndarray, top_k: int, predicate: Callable[[Mapping[str, Any]], bool]) -> list[int]:
-        """Positions in ``rows`` (best first) of the first ``top_k`` rows that pass (fewer when fewer do)."""
+    def _keep(self, key: str, predicate: Callable[[Mapping[str, Any]], bool], verdicts: np.ndarray,
+              selective: bool) -> tuple[Callable[[Mapping[str, Any]], bool], np.ndarray, bool]:
+        entry = self.masks[key] = (predicate, verdicts, selective)
+        self.masks.move_to_end(key)
+        while len(self.masks) > MASKS:
+            self.masks.popitem(last=False)
+        return entry
+
+    def _walk(self, rows: np.ndarray, top_k: int, predicate: Callable[[Mapping[str, Any]], bool],
+              verdicts: np.ndarray) -> list[int]:
+        """Positions in ``rows`` (best first) of the first ``top_k`` rows that pass (fewer when fewer do). The
+        predicate is asked only of rows without a verdict in ``verdicts``, which keeps its answers."""
+        known = verdicts[rows]
+        if known.size == 0 or known.min() >= 0:  # every row judged before: no Python per row
+            return np.flatnonzero(known == 1)[:top_k].tolist()
         passed: list[int] = []
         metas = self.metas
-        for j, i in enumerate(rows.tolist()):
-            m = metas[i]
-            if type(m) is str:
-                m = metas[i] = json.loads(m)
-            if predicate(m):
+        for j, (i, verdict) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
+            if verdict < 0:
+                m = metas[i]
+                if type(m) is str:
+                    m = metas[i] = json.loads(m)
+                verdict = verdicts[i] = bool(predicate(m))
+            if verdict:
                 passed.append(j)
                 if len(passed) == top_k:
                     break
         return passed
 
-    def _mask(self, predicate: Callable[[Mapping[str, Any]], bool]) -> np.ndarray:
-        """The predicate's verdict on every row (as long as ``mat``; metadata not parsed yet is parsed for the
-        verdict and not kept, so a mask costs one byte per row, not a parsed dict)."""
-        mask = np.zeros(self.mat.shape[0], dtype=bool)
-        loads = json.loads
-        for i, m in enumerate(self.metas):
-            mask[i] = predicate(loads(m) if type(m) is str else m)
-        return mask
+    def _judge_all(self, predicate: Callable[[Mapping[str, Any]], bool], verdicts: np.ndarray) -> None:
+        """A verdict for every row that has none (metadata not parsed yet is parsed for the verdict and not kept,
+        so remembered verdicts cost one byte per row, not a parsed dict)."""
+        loads, metas = json.loads, self.metas
+        for i in np.flatnonzero(verdicts[: self.n] < 0).tolist():
+            m = metas[i]
+            verdicts[i] = bool(predicate(loads(m) if type(m) is str else m))
 
 
 def _best(values: np.ndarray, c: int) -> np.ndarray:
