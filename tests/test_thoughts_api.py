@@ -57,6 +57,10 @@ def test_semantic_search_finds_paraphrase(live, org, client):
     r = client.post("/v1/search", json={"query": "why was checkout slow?", "include_content": True}, headers=org.headers)
     top = r.json()["results"][0]
     assert top["document_id"] == ids["cache"] and top["document_content"] == NOTE
+    # whole documents only when asked for (the default hit carries its chunk, not the document)
+    r = client.post("/v1/search", json={"query": "why was checkout slow?"}, headers=org.headers)
+    top = r.json()["results"][0]
+    assert top["document_id"] == ids["cache"] and top.get("document_content") is None and top["chunk_content"]
 
 
 def test_long_note_is_chunked_within_model_limit(live, org, client):

@@ -150,7 +150,7 @@ class Search:
             # side by side and a hydration request after them, one request fewer (bench/README.md).
             vector, query_vector = await self._vector(query, list(kind_of), opts.parent_id, VECTOR_DEPTH)
             keyword, prefetched, pending = await self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window,
-                                                               prefetch=(thoughts, vector))
+                                                               prefetch=(thoughts, vector, opts.include_content))
         else:
             (keyword, _, pending), (vector, query_vector) = await asyncio.gather(
                 self._keyword(query, list(kind_of), opts.parent_id, kw_depth, window),
@@ -222,7 +222,8 @@ class Search:
 
     async def _keyword(
         self, query: str, kinds: list[str], parent_id: str | None, width: int,
-        window: tuple[int | None, int | None] = (None, None), prefetch: tuple[Any, list[VectorRow]] | None = None,
+        window: tuple[int | None, int | None] = (None, None),
+        prefetch: tuple[Any, list[VectorRow], bool] | None = None,
     ) -> tuple[list[KeywordRow], list[dict[str, Any]] | None, dict[str, dict[str, Any]]]:
         """BM25, best first: whole documents for thoughts (documents_fts; the row's chunk is the thought's first,
         see ``search``), chunks for the other kinds (chunks_fts). With both, the lists merge on score, cut at
@@ -231,17 +232,18 @@ class Search:
         The third value: the hits whose chunk (a thought's first) is not in the vector index yet, read with them
         (a thought hit by its document id, another by its chunk id -> id, kind, parent_id, content: ``_unindexed``).
 
-        ``prefetch``: (the thought hydrator, the vector side's rows): the statements go in one batch (one D1
-        request) with the hydration of the vector side's thoughts, and the documents statement selects its hits'
-        hydration too (``hydrate_columns``); the second value is then those rows (else None)."""
+        ``prefetch``: (the thought hydrator, the vector side's rows, whether whole documents are asked for): the
+        statements go in one batch (one D1 request) with the hydration of the vector side's thoughts, and the
+        documents statement selects its hits' hydration too (``hydrate_columns``); the second value is then those
+        rows (else None)."""
         words = query_terms(query)
-        hydrator, vector = prefetch if prefetch is not None else (None, [])
+        hydrator, vector, include_content = prefetch if prefetch is not None else (None, [], False)
         others = [k for k in kinds if k != "thought"]
 
         def statement(match: Selective) -> tuple[str, list[Any]]:
             if match.key[1] == "documents_fts":
                 return self._keyword_documents(match, parent_id, width,
-                                               hydrator.hydrate_columns if hydrator is not None else None)
+                                               hydrator.hydrate_columns(include_content) if hydrator is not None else None)
             return self._keyword_chunks(match, others, parent_id, width, window)
 
         # A large organization's thoughts: its tantivy index when current (embedded; every query word, ~0.4 ms at
@@ -264,7 +266,7 @@ class Search:
         else:
             pairs = list({r[2]: [r[2], r[0]] for r in reversed(vector) if r[1] == "thought"}.values())
             batch = [self.sql.stmt(sql, *params) for sql, params in statements]
-            batch.append(hydrator.hydrate_statement(self.sql, pairs))
+            batch.append(hydrator.hydrate_statement(self.sql, pairs, include_content))
             done = await self.sql.batch(batch)
             results = [r.rows for r in done[:-1]]
             vector_rows = done[-1].rows

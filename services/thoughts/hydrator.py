@@ -19,23 +19,29 @@ __all__ = ["ThoughtHydrator", "hydrate_thoughts"]
 #: What a hit needs of its document ``d`` (its fields and the ranking stage's, ``FEATURE_NAMES``) and of its chunk
 #: ``c`` (its text, and its id as ``hydrated_chunk_id``). A search on D1 selects them in its keyword statement too
 #: (``services.search.search``: one request for the keyword side and the hits).
-HYDRATE_COLUMNS = (
-    "c.id AS hydrated_chunk_id, c.content AS chunk_content, d.content, d.source, d.metadata, d.summary, d.tags, "
-    "d.created_at, " + feature_columns("d")
-)
+#: The whole document (``content``) only when the search asks for it (``include_content``): a thought may be
+#: 256 KiB, and reading 30 of them cost more than the rest of the search (bench/README.md).
+def hydrate_columns(include_content: bool = False) -> str:
+    return (f"c.id AS hydrated_chunk_id, c.content AS chunk_content, {'d.content' if include_content else 'NULL AS content'}, "
+            "d.source, d.metadata, d.summary, d.tags, d.created_at, " + feature_columns("d"))
+
+
+
 #: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there. CROSS JOIN keeps
 #: SQLite's planner on the candidate list first (each row a primary-key lookup), not on every document of the
 #: organization.
-_HYDRATE = (
-    "SELECT " + HYDRATE_COLUMNS + " FROM json_each(?2) AS j "
-    "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
-    "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')"
-)
+def _hydrate_sql(include_content: bool) -> str:
+    return ("SELECT " + hydrate_columns(include_content) + " FROM json_each(?2) AS j "
+            "CROSS JOIN documents d ON d.organization_id = ?1 AND d.id = json_extract(j.value, '$[0]') "
+            "CROSS JOIN chunks c ON c.organization_id = ?1 AND c.id = json_extract(j.value, '$[1]')")
 
 
-def hydrate_statement(sql: OrgSql, pairs: list[list[str]]) -> Statement:
+_HYDRATE = {include: _hydrate_sql(include) for include in (False, True)}
+
+
+def hydrate_statement(sql: OrgSql, pairs: list[list[str]], include_content: bool = False) -> Statement:
     """The hydration of ``[document id, chunk id]`` pairs as a statement (for a batch)."""
-    return sql.stmt(_HYDRATE, json.dumps(pairs))
+    return sql.stmt(_HYDRATE[include_content], json.dumps(pairs))
 
 
 class ThoughtHydrator:
@@ -50,12 +56,14 @@ class ThoughtHydrator:
     async def check_parent(self, sql: OrgSql, parent_id: str) -> None:
         """Nothing: a search scoped to another organization's (or no) thought finds nothing of it."""
 
-    #: The columns ``rows`` must hold (``HYDRATE_COLUMNS``) and the statement that reads them for candidate pairs.
-    hydrate_columns = HYDRATE_COLUMNS
+    #: The columns ``rows`` must hold (``hydrate_columns``) and the statement that reads them for candidate pairs.
+    @staticmethod
+    def hydrate_columns(include_content: bool = False) -> str:
+        return hydrate_columns(include_content)
 
     @staticmethod
-    def hydrate_statement(sql: OrgSql, pairs: list[list[str]]) -> Statement:
-        return hydrate_statement(sql, pairs)
+    def hydrate_statement(sql: OrgSql, pairs: list[list[str]], include_content: bool = False) -> Statement:
+        return hydrate_statement(sql, pairs, include_content)
 
     async def __call__(self, sql: OrgSql, group: list[Candidate], opts: SearchOptions,
                        rows: list[dict[str, Any]] | None = None) -> list[SearchHit]:
@@ -67,11 +75,11 @@ async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpt
                             rows: list[dict[str, Any]] | None = None) -> list[SearchHit]:
     # One statement (on D1 one request; embedded, a plain read): each candidate's document, with what the ranking
     # stage reads of it, and its chunk. A candidate whose document or chunk is gone has no row. ``rows``: what the
-    # search already read (``HYDRATE_COLUMNS``); only candidates it lacks are read here.
+    # search already read (``hydrate_columns``); only candidates it lacks are read here.
     found = {(r["id"], r["hydrated_chunk_id"]): r for r in rows or ()}
     missing = [[c.parent_id, c.chunk_id] for c in group if (c.parent_id, c.chunk_id) not in found]
     if missing:
-        for r in await sql.rows(_HYDRATE, [json.dumps(missing)]):
+        for r in await sql.rows(_HYDRATE[opts.include_content], [json.dumps(missing)]):
             found[(r["id"], r["hydrated_chunk_id"])] = r
     wanted = set(opts.tags)
     hits = []
