@@ -248,26 +248,41 @@ async def test_filtered_results_match_brute_force(index):
             assert await ids_of(index, q, top_k=20, filter=flt) == truth
 
 
+class _Mirror:
+    """What an index should hold (unit vectors and metadata by id), written through to it."""
+
+    def __init__(self, index) -> None:
+        self.index, self.vecs, self.meta = index, {}, {}
+
+    async def put(self, items) -> None:
+        await self.index.upsert([Vector(vid, v, "A", m) for vid, v, m in items])
+        for vid, v, m in items:
+            self.vecs[vid], self.meta[vid] = v / np.linalg.norm(v), m
+
+    async def delete(self, ids) -> None:
+        await self.index.delete_by_ids(ids)
+        for vid in ids:
+            self.vecs.pop(vid), self.meta.pop(vid)
+
+    def best(self, q, passes, top_k: int) -> list[str]:
+        """The ids the filter ``passes``, by exact cosine to ``q``, the first ``top_k``."""
+        qn = q / np.linalg.norm(q)
+        ok = [vid for vid in self.vecs if passes(self.meta[vid])]
+        ok.sort(key=lambda vid: -float(self.vecs[vid] @ qn))
+        return ok[:top_k]
+
+
 async def test_a_rare_filter_stays_exact_through_writes(index):
     """A filter few rows pass is remembered per namespace (a mask) after its first search; upserts that change
     a row's verdict, new rows, deletes (swap-remove) and the matrix growing and shrinking must keep it exact."""
     rng = np.random.default_rng(11)
-    truth_vecs: dict[str, np.ndarray] = {}
-    truth_meta: dict[str, dict] = {}
-
-    async def put(items):
-        await index.upsert([Vector(vid, v, "A", m) for vid, v, m in items])
-        for vid, v, m in items:
-            truth_vecs[vid], truth_meta[vid] = v / np.linalg.norm(v), m
+    truth = _Mirror(index)
+    put = truth.put
 
     async def check(flt, want):
         for _ in range(3):
             q = rng.normal(size=DIMS).astype(np.float32)
-            qn = q / np.linalg.norm(q)
-            ok = [vid for vid in truth_vecs if want(truth_meta[vid])]
-            ok.sort(key=lambda vid: -float(truth_vecs[vid] @ qn))
-            got = await ids_of(index, q, top_k=10, filter=flt)
-            assert got == ok[:10]
+            assert await ids_of(index, q, top_k=10, filter=flt) == truth.best(q, want, 10)
 
     rare = {"kind": {"$in": ["turn", "conversation"]}}
     want = lambda m: m["kind"] in ("turn", "conversation")  # noqa: E731
@@ -279,15 +294,9 @@ async def test_a_rare_filter_stays_exact_through_writes(index):
     await put([(f"new{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "turn" if i % 2 else "x"})
                for i in range(3000)])  # the matrix grows
     await check(rare, want)
-    gone = [f"v{i}" for i in range(0, 3000, 3)] + [f"new{i}" for i in range(0, 3000, 2)]
-    await index.delete_by_ids(gone)
-    for vid in gone:
-        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await truth.delete([f"v{i}" for i in range(0, 3000, 3)] + [f"new{i}" for i in range(0, 3000, 2)])
     await check(rare, want)
-    rest = list(truth_vecs)
-    await index.delete_by_ids(rest[50:])  # the matrix shrinks
-    for vid in rest[50:]:
-        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await truth.delete(list(truth.vecs)[50:])  # the matrix shrinks
     await check(rare, want)
     await check({"kind": "x"}, lambda m: m["kind"] == "x")
     for i in range(12):  # more filters than a namespace remembers: the oldest are dropped, answers stay exact
@@ -305,44 +314,30 @@ async def test_a_common_filter_stays_exact_through_writes(index, monkeypatch, in
     if int8_pass:
         monkeypatch.setattr(matrix, "QUANTIZED_MIN_ROWS", 1)
     rng = np.random.default_rng(12)
-    truth_vecs: dict[str, np.ndarray] = {}
-    truth_meta: dict[str, dict] = {}
-
-    async def put(items):
-        await index.upsert([Vector(vid, v, "A", m) for vid, v, m in items])
-        for vid, v, m in items:
-            truth_vecs[vid], truth_meta[vid] = v / np.linalg.norm(v), m
-
+    truth = _Mirror(index)
+    put = truth.put
     queries = [rng.normal(size=DIMS).astype(np.float32) for _ in range(6)]
 
     async def check(top_k=10):
         for q in queries:  # the same queries each time: their rows have verdicts from the searches before
-            qn = q / np.linalg.norm(q)
-            ok = [vid for vid in truth_vecs if truth_meta[vid]["kind"] == "thought"]
-            ok.sort(key=lambda vid: -float(truth_vecs[vid] @ qn))
-            assert await ids_of(index, q, top_k=top_k, filter={"kind": {"$in": ["thought"]}}) == ok[:top_k]
+            want = truth.best(q, lambda m: m["kind"] == "thought", top_k)
+            assert await ids_of(index, q, top_k=top_k, filter={"kind": {"$in": ["thought"]}}) == want
 
     await put([(f"v{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "turn" if i % 20 == 0 else "thought"})
                for i in range(2000)])
     await check()
     # the best rows of each query stop passing: their remembered verdicts must follow
     best = {vid for q in queries for vid in await ids_of(index, q, top_k=10, filter={"kind": {"$in": ["thought"]}})}
-    await put([(vid, truth_vecs[vid], {"kind": "turn"}) for vid in best])
+    await put([(vid, truth.vecs[vid], {"kind": "turn"}) for vid in best])
     await check()
-    await put([(vid, truth_vecs[vid], {"kind": "thought"}) for vid in list(best)[::2]])  # and pass again
+    await put([(vid, truth.vecs[vid], {"kind": "thought"}) for vid in list(best)[::2]])  # and pass again
     await check()
     await put([(f"new{i}", rng.normal(size=DIMS).astype(np.float32), {"kind": "thought" if i % 3 else "turn"})
                for i in range(2500)])  # the matrix grows
     await check()
-    gone = [f"v{i}" for i in range(0, 2000, 3)] + [f"new{i}" for i in range(0, 2500, 2)]
-    await index.delete_by_ids(gone)
-    for vid in gone:
-        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await truth.delete([f"v{i}" for i in range(0, 2000, 3)] + [f"new{i}" for i in range(0, 2500, 2)])
     await check()
-    rest = list(truth_vecs)
-    await index.delete_by_ids(rest[60:])  # the matrix shrinks
-    for vid in rest[60:]:
-        truth_vecs.pop(vid), truth_meta.pop(vid)
+    await truth.delete(list(truth.vecs)[60:])  # the matrix shrinks
     await check()
     await check(top_k=50)  # more than pass: every one that does
 
