@@ -9,11 +9,13 @@ random unit vectors (bench/bench_vector_libs.py), at a third of the time. Under 
 are walked in score order first (a window of ``4 * top_k``, at least 64): a filter most rows pass is done there.
 The filter's verdicts are remembered per row (an int8 array: 1 passes, 0 fails, -1 not asked yet), per namespace
 for its ``MASKS`` most recently used filters, and maintained on every write (one predicate call per filter per
-written row): a walk asks the predicate only of rows it has not judged before (at 100k rows the walk of the
-thoughts' filter, ``kind`` and organization, was ~0.4 ms of a ~3 ms search, in Python; bench/README.md). When too
-few pass, every row gets a verdict, the filter is marked selective, and its searches score only the rows that pass:
-a 1% filter over 10k rows went from 17 ms (walking every row in Python) to about 1 ms
-(bench/bench_vector_libs.py). ``unit_rows`` and ``unit_query`` check and normalise what goes in.
+written row): a walk asks the predicate only of rows it has not judged before. A filtered search ranks the best
+``top_k`` first and widens to the window only when one of them fails (at 100k rows the thoughts' filter, ``kind`` and
+organization, made every search rescore 900 candidates instead of 300 and ask the predicate of ~100 rows in
+Python: ~0.4 ms of a ~3 ms search; bench/README.md). When too few pass, every row gets a verdict, the filter is
+marked selective, and its searches score only the rows that pass: a 1% filter over 10k rows went from 17 ms
+(walking every row in Python) to about 1 ms (bench/bench_vector_libs.py). ``unit_rows`` and ``unit_query`` check
+and normalise what goes in.
 
 Thread-safety: the caller holds ``Namespace.lock`` (``search_locked`` takes it for a search).
 """

@@ -16,15 +16,15 @@ from services.storage.scoped import OrgSql
 __all__ = ["ThoughtHydrator", "hydrate_thoughts"]
 
 
-#: What a hit needs of its document ``d`` (its fields and the ranking stage's, ``FEATURE_NAMES``) and of its chunk
-#: ``c`` (its text, and its id as ``hydrated_chunk_id``). A search on D1 selects them in its keyword statement too
-#: (``services.search.search``: one request for the keyword side and the hits).
-#: The whole document (``content``) only when the search asks for it (``include_content``): a thought may be
-#: 256 KiB, and reading 30 of them cost more than the rest of the search (bench/README.md).
 def hydrate_columns(include_content: bool = False) -> str:
-    return (f"c.id AS hydrated_chunk_id, c.content AS chunk_content, {'d.content' if include_content else 'NULL AS content'}, "
-            "d.source, d.metadata, d.summary, d.tags, d.created_at, " + feature_columns("d"))
-
+    """What a hit needs of its document ``d`` (its fields and the ranking stage's, ``FEATURE_NAMES``) and of its
+    chunk ``c`` (its text, and its id as ``hydrated_chunk_id``). A search on D1 selects them in its keyword statement
+    too (``services.search.search``: one request for the keyword side and the hits). The whole document
+    (``content``) only when the search asks for it (``include_content``; else NULL): a thought may be 256 KiB, and
+    30 of them cost more than the rest of a search (bench/README.md, bench_long_docs.py)."""
+    content = "d.content" if include_content else "NULL AS content"
+    return (f"c.id AS hydrated_chunk_id, c.content AS chunk_content, {content}, d.source, d.metadata, d.summary, "
+            "d.tags, d.created_at, " + feature_columns("d"))
 
 
 #: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there. CROSS JOIN keeps
