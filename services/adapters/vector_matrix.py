@@ -179,9 +179,12 @@ class Namespace:
         elif predicate is None:
             rows, scores = self._ranked(q, top_k)
         else:
-            if cached is None and filter_key is not None:
-                cached = self._keep(filter_key, predicate, np.full(self.mat.shape[0], -1, dtype=np.int8), False)
-            verdicts = cached[1] if cached is not None else np.full(self.mat.shape[0], -1, dtype=np.int8)
+            if cached is not None:
+                verdicts = cached[1]
+            else:
+                verdicts = np.full(self.mat.shape[0], -1, dtype=np.int8)
+                if filter_key is not None:
+                    self._keep(filter_key, predicate, verdicts, False)
             # The best top_k rows, when all pass (a filter most rows pass: the common case), else the best rows of a
             # wider window walked in score order (the int8 pass's scores serve both); when too few pass, score only
             # the rows that pass.
@@ -258,12 +261,12 @@ class Namespace:
         return rows[order], scores[order]
 
     def _keep(self, key: str, predicate: Callable[[Mapping[str, Any]], bool], verdicts: np.ndarray,
-              selective: bool) -> tuple[Callable[[Mapping[str, Any]], bool], np.ndarray, bool]:
-        entry = self.masks[key] = (predicate, verdicts, selective)
+              selective: bool) -> None:
+        """Remember a filter's verdicts (most recently used last; the oldest past ``MASKS`` are dropped)."""
+        self.masks[key] = (predicate, verdicts, selective)
         self.masks.move_to_end(key)
         while len(self.masks) > MASKS:
             self.masks.popitem(last=False)
-        return entry
 
     def _walk(self, rows: np.ndarray, top_k: int, predicate: Callable[[Mapping[str, Any]], bool],
               verdicts: np.ndarray) -> list[int]:
@@ -273,13 +276,9 @@ class Namespace:
         if known.size == 0 or known.min() >= 0:  # every row judged before: no Python per row
             return np.flatnonzero(known == 1)[:top_k].tolist()
         passed: list[int] = []
-        metas = self.metas
         for j, (i, verdict) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
             if verdict < 0:
-                m = metas[i]
-                if type(m) is str:
-                    m = metas[i] = json.loads(m)
-                verdict = verdicts[i] = bool(predicate(m))
+                verdict = verdicts[i] = bool(predicate(self.meta(i)))
             if verdict:
                 passed.append(j)
                 if len(passed) == top_k:
@@ -319,16 +318,13 @@ _JSON_ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
 def _copy_json(v: Any) -> Any:
-    """A copy of JSON-shaped metadata that shares nothing mutable with ``v`` (strings and numbers are immutable)."""
+    """A copy of metadata that shares nothing mutable with ``v``: it is parsed JSON (``json.loads``: plain dicts,
+    lists, strings, numbers, booleans, None), and only its dicts and lists are mutable."""
     t = type(v)
     if t is dict:
         return {k: x if type(x) in _JSON_ATOMS else _copy_json(x) for k, x in v.items()}
     if t is list:
         return [x if type(x) in _JSON_ATOMS else _copy_json(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _copy_json(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copy_json(x) for x in v]
     return v
 
 
