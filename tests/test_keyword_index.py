@@ -148,7 +148,7 @@ async def test_a_restart_opens_the_index_without_rebuilding_and_catches_up(env):
     assert [d for d, _ in await db.keyword_search(org.id, ["ferry"], 10)] == [ids["ferry"]]
 
 
-@pytest.mark.parametrize("damage", ["state", "elsewhere", "index", "log"])
+@pytest.mark.parametrize("damage", ["state", "elsewhere", "index", "log", "layout"])
 async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answers(env, damage):
     org = await env.org(f"kwi-damage-{damage}")
     svc = await env.svc(org)
@@ -167,6 +167,8 @@ async def test_a_damaged_state_index_or_log_means_a_rebuild_with_the_same_answer
         for f in (root / before["generation"]).iterdir():
             if f.name == "meta.json":
                 f.write_text("garbage")
+    elif damage == "layout":  # an index an older release wrote (its state names no layout): rebuilt, not read
+        (root / "state.json").write_text(json.dumps({k: v for k, v in before.items() if k != "layout"}))
     else:  # the log no longer reaches back to the index's position (as after 100,000 changes)
         with sqlite3.connect(env.memex.stores.directory(org.id) / "memex.sqlite3") as conn:
             conn.execute("DELETE FROM keyword_changes WHERE seq <= ?", (before["seq"] + 1,))
@@ -284,3 +286,22 @@ async def test_a_row_of_another_organization_in_the_database_is_never_a_hit(env)
     assert [d for d, _ in await db.keyword_search(org.id, ["ferry", "pier"], 10)] == [ids["ferry"]]
     assert [d for d, _ in await db.keyword_search("org_intruder", ["ferry", "pier"], 10)] == ["doc_planted"]
     assert await _found(svc, "ferry pier") == [ids["ferry"]]
+
+
+async def test_a_hit_carries_its_own_id_whatever_its_form(env):
+    """The index returns most ids from two numeric columns (32 hex digits, ``new_id``'s form) and any other id
+    (an imported one, upper-case hex) from its stored text: each hit is the document's id exactly."""
+    org = await env.org("kwi-ids")
+    svc = await env.svc(org)
+    ids = await _capture_facts(svc)
+    others = {"note-1": "The ferry crew checks tickets at the pier gate.",
+              "ABCDEF0123456789ABCDEF0123456789": "A spare ferry waits at the north pier in storms.",
+              "0123456789abcdef0123456789abcdeg": "Pier lights on the ferry route were replaced in May."}
+    with sqlite3.connect(env.memex.stores.directory(org.id) / "memex.sqlite3") as conn:
+        for doc, text in others.items():
+            conn.execute("INSERT INTO documents (organization_id, id, content, content_hash, created_at, updated_at) "
+                         "VALUES (?, ?, ?, ?, 1, 1)", (org.id, doc, text, doc))
+    db = await env.db(org)
+    assert await db.keyword_sync()
+    hits = await db.keyword_search(org.id, ["ferry", "pier"], 10)
+    assert sorted(d for d, _ in hits) == sorted([ids["ferry"], *others])

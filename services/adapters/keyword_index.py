@@ -9,12 +9,13 @@ caller ranks with FTS5 as before, and a background thread catches the index up. 
 as soon as it is acknowledged, whatever the index's state.
 
 On disk, ``<database>.keywords/``: index generations (``gen-<n>/``) and ``state.json``, which names the current
-generation and the log position (seq, and the document at that seq) it has applied. The position is written after
-the index's commit, atomically; a crash between them replays entries, and replaying is idempotent (each changed
-document is deleted from the index and added again from its current row). A missing or damaged state, an index that
-does not open, a log that no longer reaches back to the position, or a position the log does not hold (another
-database in its place) means a rebuild into a new generation from ``documents``; the old one is removed after
-the switch. Organizations below ``build_from`` documents are not indexed (FTS5 is fast there).
+generation, the log position (seq, and the document at that seq) it has applied, and the index's ``LAYOUT``. The
+position is written after the index's commit, atomically; a crash between them replays entries, and replaying is
+idempotent (each changed document is deleted from the index and added again from its current row). A missing or
+damaged state, an index of an older layout or one that does not open, a log that no longer reaches back to the
+position, or a position the log does not hold (another database in its place) means a rebuild into a new generation
+from ``documents``; the old one is removed after the switch. Organizations below ``build_from`` documents are not
+indexed (FTS5 is fast there).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ RETRY_AFTER = 10.0
 ROUND = 20_000
 #: The writer's memory budget (tantivy's minimum per thread is 15 MB); the writer lives only while it writes.
 WRITER_HEAP = 32_000_000
+#: The index's fields (``_schema``), saved in ``state.json``: an index of another layout is rebuilt, not read.
+#: 2: the ``hi``/``lo`` id columns.
+LAYOUT = 2
+#: A document id ``_document`` also writes as the ``hi``/``lo`` columns (``services.ids.new_id``'s form).
+_HEX_ID = re.compile(r"[0-9a-f]{32}")
 #: The log's position and the organization's size, one statement before each search.
 HEAD_SQL = (
     "SELECT (SELECT max(seq) FROM keyword_changes) AS seq, "
@@ -70,7 +76,7 @@ def index_is_current(db_path: str | Path) -> bool | None:
         head = conn.execute(HEAD_SQL).fetchone()
     finally:
         conn.close()
-    return (state.get("seq"), state.get("last")) == _position(head)
+    return state.get("layout") == LAYOUT and (state.get("seq"), state.get("last")) == _position(head)
 
 
 def _position(head: Any) -> tuple[int, str | None]:
@@ -96,7 +102,22 @@ def _registered(index: Any) -> Any:
 
 
 def _document(org: str, doc: str, content: str) -> Any:
-    return tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content)
+    d = tantivy.Document(key=f"{org}/{doc}", org=org, id=doc, content=content)
+    if _HEX_ID.fullmatch(doc):
+        d.add_unsigned("hi", int(doc[:16], 16))
+        d.add_unsigned("lo", int(doc[16:], 16))
+    return d
+
+
+def _ids(searcher: Any, hits: list[tuple[float, Any]]) -> list[tuple[str, float]]:
+    """The hits' document ids: two reads of the ``hi``/``lo`` columns for all of them, the stored ``id`` only for
+    an id that is not 32 hex digits (an imported one). Each of tantivy's calls lets go of the GIL and takes it back;
+    a ``doc`` per hit was 100 such hand-overs a search, ~1 us each alone and ~1 ms each while another thread runs
+    Python (a server under load), so a search's keyword side waited on the GIL once per hit."""
+    addrs = [addr for _, addr in hits]
+    his, los = searcher.fast_field_values("hi", addrs), searcher.fast_field_values("lo", addrs)
+    return [(f"{hi:016x}{lo:016x}" if hi is not None and lo is not None else searcher.doc(addr)["id"][0], float(score))
+            for (score, addr), hi, lo in zip(hits, his, los, strict=True)]
 
 
 def _schema() -> Any:
@@ -105,6 +126,9 @@ def _schema() -> Any:
     sb.add_text_field("org", stored=False, tokenizer_name="raw", index_option="basic")
     sb.add_text_field("id", stored=True, tokenizer_name="raw", index_option="basic")
     sb.add_text_field("content", stored=False, tokenizer_name=ANALYZER)
+    # the id again when it is 32 hex digits (``new_id``'s), as two columns a search reads for all its hits at once
+    sb.add_unsigned_field("hi", fast=True)
+    sb.add_unsigned_field("lo", fast=True)
     return sb.build()
 
 
@@ -176,8 +200,8 @@ class KeywordIndex:
             query = tantivy.Query.boolean_query(
                 [(tantivy.Occur.Must, mine), (tantivy.Occur.Must, tantivy.Query.boolean_query(
                     [(tantivy.Occur.Should, view.index.parse_query(w, ["content"])) for w in words]))])
-            hits = view.searcher.search(query, limit).hits
-            return [(view.searcher.doc(addr)["id"][0], float(score)) for score, addr in hits]
+            # count=False: no count of every match, which block-max WAND's top-k would otherwise have to make
+            return _ids(view.searcher, view.searcher.search(query, limit, count=False).hits)
         except (ValueError, OSError):  # a word the parser refuses, a file gone: FTS5 answers
             log.warning("keyword index of %s: search failed; FTS5 answers", self.root, exc_info=True)
             return None
@@ -306,7 +330,8 @@ class KeywordIndex:
 
     def _load(self) -> None:
         """Open the generation ``state.json`` names when it is not the one open (first use, or another process
-        moved on); a damaged state or index leaves nothing open (the catch-up rebuilds)."""
+        moved on); a damaged state or index, or one of an older ``LAYOUT``, leaves nothing open (the catch-up
+        rebuilds)."""
         with self._lock:
             self._loaded = True
             state_path = self.root / "state.json"
@@ -321,6 +346,10 @@ class KeywordIndex:
                 return
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning("keyword index of %s: unreadable state; rebuilding", self.root)
+                self._open = None
+                return
+            if state.get("layout") != LAYOUT:
+                log.info("keyword index of %s: an older layout; rebuilding", self.root)
                 self._open = None
                 return
             view = self._open
@@ -340,7 +369,7 @@ class KeywordIndex:
     def _save(self, generation: str, seq: int, last: str | None) -> None:
         tmp = self.root / "state.json.tmp"
         with open(tmp, "w") as f:
-            json.dump({"generation": generation, "seq": seq, "last": last}, f)
+            json.dump({"generation": generation, "seq": seq, "last": last, "layout": LAYOUT}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / "state.json")
