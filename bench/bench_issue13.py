@@ -9,8 +9,10 @@ JSON summary, and prints what each printed:
 1. ``bench_ingest.py``: the raw embedder (MiniLM int8, batches of 64, length-sorted) and Memex's bulk import to
    searchable on the same SciFact chunks, their ratio; the capture acknowledgement p50 (one client, HTTP);
    the capture rate into an empty organization and into one of ``--scale`` thoughts (in process);
-2. ``bench_search_scale.py``: search over HTTP at ~100,000 chunks in one organization, one client and 8 (its data
-   kept in ``DIR/search-scale``, loaded once, ~30-40 min, unless ``--search-data`` names one);
+2. ``bench_search_scale.py``: search over HTTP at ~100,000 chunks in one organization, one client and 8, with the
+   product's defaults (MiniLM embeds every chunk and the query; its data kept in ``DIR/search-scale-minilm``,
+   loaded once, ~60 min, unless ``--search-data`` names one). ``--search-embedder hash`` loads with the hash
+   embedder instead (``DIR/search-scale``, ~10 min) and adds MiniLM's query cost, measured apart: an upper bound;
 3. ``bench_conversation_search.py``: conversation search at 1,000 conversations (in process; its data set in
    ``DIR/conversations``, built once, ~30-60 min, unless ``--conversations-data`` names one);
 4. ``bench_cloudflare.py``: Cloudflare REST requests per captured thought (bulk import, amortised) and per
@@ -18,9 +20,10 @@ JSON summary, and prints what each printed:
 5. ``bench_vs_mem0.py``: Memex and mem0 OSS on SciFact (run with ``--mem0-python``, mem0's own virtualenv;
    left out, and said so, when that interpreter is missing).
 
-The settings each benchmark changes are its own and it prints them (bench_search_scale.py: the hash embedder
-for loading, MiniLM's query cost measured apart and added; bench_conversation_search.py: the hash embedder's
-data set). ``--quick`` shrinks the corpora (printed); the aims are for the full sizes.
+The settings each benchmark changes are its own and it prints them (bench_search_scale.py with
+``--search-embedder hash``: the hash embedder for loading, MiniLM's query cost measured apart and added;
+bench_conversation_search.py: the hash embedder's data set). ``--quick`` shrinks the corpora (printed); the aims
+are for the full sizes.
 """
 
 from __future__ import annotations
@@ -77,7 +80,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-root", type=Path, required=True, help="where the kept data sets live (made if missing)")
     ap.add_argument("--quick", action="store_true", help="smaller corpora (printed); the aims are for the full sizes")
-    ap.add_argument("--search-data", type=Path, help="an existing bench_search_scale.py --keep data directory")
+    ap.add_argument("--search-data", type=Path, help="an existing bench_search_scale.py --keep data directory, loaded "
+                                                     "with --search-embedder's embedder")
+    ap.add_argument("--search-embedder", choices=("local", "hash"), default="local",
+                    help="local (default: the product's defaults, measured as a user gets them) or hash (a quicker "
+                         "load; MiniLM's query cost added: an upper bound)")
     ap.add_argument("--conversations-data", type=Path, help="an existing bench_conversation_search.py --build set")
     ap.add_argument("--mem0-python", default="/work/mem0-venv/bin/python", help="the interpreter of mem0's virtualenv")
     ap.add_argument("--skip", action="append", default=[],
@@ -100,9 +107,10 @@ def main() -> int:
             cmd += ["--docs", str(sizes["ingest_docs"])]
         res["ingest"] = run("ingest", cmd, 4 * 3600)
     if "search" not in args.skip:
-        data = args.search_data or root / "search-scale"
+        data = args.search_data or root / ("search-scale-minilm" if args.search_embedder == "local" else "search-scale")
         res["search"] = run("search at 100k chunks", [py, "bench/bench_search_scale.py", "--chunks", str(sizes["chunks"]),
-                                                       "--data-dir", str(data), "--keep"], 4 * 3600)
+                                                       "--data-dir", str(data), "--keep",
+                                                       "--embedder", args.search_embedder], 4 * 3600)
     if "conversations" not in args.skip:
         data = args.conversations_data or root / "conversations"
         cmd = [py, "bench/bench_conversation_search.py", "--data", str(data)]
@@ -152,11 +160,16 @@ def table(res: dict[str, dict[str, Any] | None]) -> list[tuple[str, Any, str, bo
         lambda v: v >= 0.8)
     s = res.get("search")
     chunks = dig(s, "load", "chunks")
-    add(f"search p50 at {chunks or '100k'} chunks, HTTP, MiniLM query included, ms",
-        dig(s, "with_minilm_estimate", "first_p50"), "<= 15", lambda v: v <= 15)
-    add("  the same, queries asked before (embedding cached), ms", dig(s, "with_minilm_estimate", "repeat_p50"))
-    add("  8 clients, p95, MiniLM query included, ms", dig(s, "with_minilm_estimate", "clients_p95_first"), "<= 40",
-        lambda v: v <= 40)
+    if dig(s, "http") is not None:  # the product's defaults: MiniLM in every figure, as a user gets it
+        how, first, again, clients = ("defaults", dig(s, "http", "first", "p50"), dig(s, "http", "again", "p50"),
+                                      dig(s, "http", "clients_8", "p95"))
+    else:  # a hash-loaded set: MiniLM's query cost measured apart and added (an upper bound)
+        how, first, again, clients = ("hash set + MiniLM query", *(dig(s, "with_minilm_estimate", k) for k in (
+            "first_p50", "repeat_p50", "clients_p95_first")))
+    add(f"search p50 at {chunks or '100k'} chunks, HTTP, MiniLM query included ({how}), ms", first, "<= 15",
+        lambda v: v <= 15)
+    add("  the same, queries asked before (embedding cached), ms", again)
+    add("  8 clients, p95, MiniLM query included, ms", clients, "<= 40", lambda v: v <= 40)
     add("  server RSS loaded, MB", dig(s, "server", "rss_mb_loaded"))
     c = res.get("conversations")
     add("conversation search p50 at 1,000 conversations, first time, ms", dig(c, "search_first", "p50"), "<= 25",

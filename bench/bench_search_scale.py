@@ -178,6 +178,11 @@ def main() -> int:
     with bench_data_dir(args.data_dir, "memex-search-scale-", args.keep) as data_dir:
         state_file = Path(data_dir) / "bench-state.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        # a set's chunks were embedded by one embedder: searching them with the other would compare unlike vectors
+        if state.get("embedder", args.embedder) != args.embedder:
+            ap.error(f"{data_dir} was loaded with --embedder {state['embedder']}: search it with the same")
+        if "key" not in state:  # a new set (one kept before sets named their embedder is taken as it comes)
+            state["embedder"] = args.embedder
         with serve_subprocess(Path(data_dir), settings, why=WHY, log_mode="a") as (base, proc, _r, _c):
             with httpx.Client(base_url=base, timeout=600) as c:
                 def save() -> None:
