@@ -29,7 +29,7 @@ import numpy as np
 
 from services.errors import InvalidInput
 from services.models import SearchHit, SearchResult
-from services.ports import Embedder, Reranker
+from services.ports import Embedder, Reranker, Statement
 from services.search.fusion import (
     KEYWORD_DEPTH, VECTOR_DEPTH, Candidate, KeywordRow, VectorRow, floor_terms, fuse, query_terms,
 )
@@ -302,14 +302,20 @@ class Search:
         organization large enough), each hit on its thought's first chunk; None: no index or not current. A hit
         whose first chunk is not in the vector index yet goes into ``pending`` (as in ``_keyword``)."""
         search = getattr(self.sql.db, "keyword_search", None)
-        found = await search(self.sql.org_id, words, width) if search is not None else None
+
+        def first_chunks(hits: list[tuple[str, float]]) -> Statement:  # read right after the hits, in their thread
+            return self.sql.stmt(
+                f"SELECT f.document_id, c.id AS chunk_id, {PENDING_TEXT} AS pending FROM (SELECT j.value AS "
+                "document_id, (SELECT c.pk FROM chunks c WHERE c.organization_id = ?1 AND c.kind = 'thought' AND "
+                "c.parent_id = j.value ORDER BY c.ordinal LIMIT 1) AS pk FROM json_each(?2) AS j) AS f "
+                "LEFT JOIN chunks c ON c.pk = f.pk", json.dumps([d for d, _ in hits]))
+
+        answer = await search(self.sql.org_id, words, width, then=first_chunks) if search is not None else None
+        if answer is None:
+            return None
+        found, rows = answer
         if not found:
             return found
-        rows = await self.sql.rows(
-            f"SELECT f.document_id, c.id AS chunk_id, {PENDING_TEXT} AS pending FROM (SELECT j.value AS document_id, "
-            "(SELECT c.pk FROM chunks c WHERE c.organization_id = ?1 AND c.kind = 'thought' AND c.parent_id = j.value "
-            "ORDER BY c.ordinal LIMIT 1) AS pk FROM json_each(?2) AS j) AS f LEFT JOIN chunks c ON c.pk = f.pk",
-            [json.dumps([d for d, _ in found])])
         first = {r["document_id"]: r["chunk_id"] for r in rows}
         for r in rows:
             if r["chunk_id"] and r["pending"] is not None:

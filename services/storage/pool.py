@@ -139,11 +139,13 @@ class PooledDatabase(_Pooled[SqlDatabase]):
     def free_bytes(self) -> int | None:
         return self._free_bytes()
 
-    async def keyword_search(self, org_id: str, words: list[str], limit: int) -> list[tuple[str, float]] | None:
+    async def keyword_search(self, org_id: str, words: list[str], limit: int,
+                             then: Callable[[list[tuple[str, float]]], Statement] | None = None,
+                             ) -> Any:
         """The adapter's keyword index (embedded SQLite), else None: the caller ranks with FTS5."""
-        async def call(db: SqlDatabase) -> list[tuple[str, float]] | None:
+        async def call(db: SqlDatabase) -> Any:
             search = getattr(db, "keyword_search", None)
-            return await search(org_id, words, limit) if search is not None else None
+            return await search(org_id, words, limit, then) if search is not None else None
         return await self._call(call)
 
     async def keyword_sync(self, timeout: float = 120.0) -> bool:
