@@ -167,9 +167,9 @@ class Settings:
     #: Organization databases and vector files open at once (embedded; the least recently used idle one closes
     #: when another opens). Each open organization costs a few file handles and its vectors' memory.
     max_open_orgs: int = 64
-    #: Embedded: organizations with at least this many thoughts rank their keyword side with a tantivy index kept
-    #: beside their database (services/adapters/keyword_index.py); 0 turns it off. FTS5 answers below it, and
-    #: whenever the index is behind.
+    #: Embedded: organizations with at least this many thoughts (conversation chunks) rank their thoughts' (their
+    #: conversations') keyword side with a tantivy index kept beside their database
+    #: (services/adapters/keyword_index.py); 0 turns both off. FTS5 answers below it, and whenever an index is behind.
     keyword_index_from: int = 10_000
     #: Cloudflare credentials and resources (used by the d1 / vectorize / workers-ai adapters).
     cloudflare_account_id: str | None = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import random
@@ -558,12 +559,16 @@ async def stored_org(data_dir: Path):
 @asynccontextmanager
 async def stored_org_search(data_dir: Path):
     """The search service of the organization a kept bench data set holds (``stored_org``; the data does not
-    change), its keyword index current first."""
+    change), its keyword indexes current first."""
     async with stored_org(data_dir) as (memex, org, services):
-        # a running service has a large organization's keyword index (built once, kept beside its database)
-        t0 = time.perf_counter()
-        if await (await memex.stores.open(org["id"])).db.keyword_sync():
-            log(f"keyword index current after {time.perf_counter() - t0:.1f} s")
+        # a running service has a large organization's keyword indexes (built once, kept beside its database)
+        db = (await memex.stores.open(org["id"])).db
+        # (a checkout older than the conversation chunks' index, measured with --root, has the thoughts' only)
+        has_chunks = "chunks" in inspect.signature(db.keyword_sync).parameters
+        for chunks, what in ((False, "thoughts"), (True, "conversation chunks"))[: 1 + has_chunks]:
+            t0 = time.perf_counter()
+            if await db.keyword_sync(timeout=600, **({"chunks": True} if chunks else {})):
+                log(f"keyword index of the {what} current after {time.perf_counter() - t0:.1f} s")
         yield services.search
 
 

@@ -104,7 +104,9 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
     timed = "created_at" in MessageIn.__struct_fields__
     relative = "reference_time" in SearchOptions.__dataclass_fields__
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), embedder="local", run_worker=False, key_rate_per_minute=10**9)
+        extra_settings = {} if args.keyword_index_from is None else {"keyword_index_from": args.keyword_index_from}
+        settings = Settings(data_dir=Path(tmp), embedder="local", run_worker=False, key_rate_per_minute=10**9,
+                            **extra_settings)
         memex = Memex(settings)
         await memex.start(worker=False)
         try:
@@ -113,6 +115,9 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
             svc = await memex.for_org(ctx)
             print(f"product: embedder {type(memex.backend.embedder).__name__} ({memex.backend.embedder.model_id}); "
                   f"message times {'given (created_at, session)' if timed else 'not supported by this version'}")
+            if args.keyword_index_from is not None:
+                print(f"setting changed: MEMEX_KEYWORD_INDEX_FROM={args.keyword_index_from} (default 10,000), so that this "
+                      "small set's keyword side is ranked by the tantivy indexes a large organization gets")
             print("knobs: none (product defaults; the worker is drained in-process instead of polling); the "
                   f"{sum(1 for q in data.questions if q.reference_time)} relative questions pass reference_time"
                   f"{'' if relative else ' (not supported by this version: not passed)'}")
@@ -131,6 +136,10 @@ async def product(data: TurnSet, args) -> list[tuple[str, float]]:
             loaded = time.perf_counter() - t0
             t0 = time.perf_counter()
             await memex.worker.drain(timeout=7200)
+            if args.keyword_index_from:
+                db = (await memex.stores.open(org.id)).db
+                print(f"keyword indexes current: thoughts {await db.keyword_sync()}, "
+                      f"conversations {await db.keyword_sync(chunks=True)}")
             n = await svc.search.sql.rows("SELECT kind, COUNT(*) AS n FROM chunks WHERE organization_id = ?1 GROUP BY kind")
             print(f"loaded in {loaded:.1f} s; embedded {', '.join(str(r['n']) + ' ' + r['kind'] for r in n)} chunks in "
                   f"{time.perf_counter() - t0:.1f} s")
@@ -162,6 +171,8 @@ async def main() -> None:
     p.add_argument("--seed", type=int, default=20240607)
     p.add_argument("--root", type=Path, default=HERE.parent, help="checkout whose product code to measure")
     p.add_argument("--skip-product", action="store_true")
+    p.add_argument("--keyword-index-from", type=int, default=None,
+                   help="MEMEX_KEYWORD_INDEX_FROM for the product side (default: the product's, 10,000)")
     args = p.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
     from services.search.fusion import fts_query

@@ -305,3 +305,110 @@ async def test_a_hit_carries_its_own_id_whatever_its_form(env):
     assert await db.keyword_sync()
     hits = await db.keyword_search(org.id, ["ferry", "pier"], 10)
     assert sorted(d for d, _ in hits) == sorted([ids["ferry"], *others])
+
+
+# -- the conversation chunks' index (ChunkKeywordIndex) ----------------------------------------------------------
+
+TALKS = {
+    "ferry": ["When does the ferry to the island leave?", "From pier nine, at seven every morning."],
+    "badge": ["Where do visitors get a badge?", "Badges are printed at the front desk; return them by six."],
+    "coffee": ["Which milk does the coffee machine take?", "The third floor machine takes oat milk cartons only."],
+}
+
+
+async def _talk(svc, lines: list[str]) -> str:
+    from services.conversations.models import MessageIn
+    conv = await svc.conversations.create(title=lines[0])
+    await svc.conversations.append(conv.id, [MessageIn(role="user" if i % 2 == 0 else "assistant", content=text)
+                                             for i, text in enumerate(lines)])
+    return conv.id
+
+
+async def _talked(svc, query: str, **opts) -> list[str]:
+    res = await svc.search.search(SearchOptions(query=query, top_k=10, kinds=("conversation",), **opts))
+    return [h.conversation_id for h in res.results]
+
+
+async def _chunk_hits(db, org, words: list[str]) -> set[str] | None:
+    """The conversations the chunk index's hits belong to (None: it steps aside)."""
+    answer = await db.keyword_search(org.id, words, 100, chunk_kinds=["conversation", "turn"])
+    if answer is None:
+        return None
+    sql_rows = await db.execute(
+        "SELECT parent_id FROM chunks WHERE pk IN (SELECT value FROM json_each(?1))", [json.dumps([pk for pk, _ in answer])])
+    return {r["parent_id"] for r in sql_rows.rows}
+
+
+async def test_conversation_chunks_get_an_index_that_answers_only_when_current(env):
+    org = await env.org("kwi-talks")
+    svc = await env.svc(org)
+    convs = {k: await _talk(svc, lines) for k, lines in TALKS.items()}
+    db = await env.db(org)
+    assert await _chunk_hits(db, org, ["ferry", "pier"]) is None  # no index yet: chunks_fts answers
+    assert (await _talked(svc, "ferry pier"))[0] == convs["ferry"]
+    assert await db.keyword_sync(chunks=True)
+    assert (env.memex.stores.directory(org.id) / "memex.sqlite3.chunk-keywords" / "state.json").is_file()
+    assert await _chunk_hits(db, org, ["ferry", "pier"]) == {convs["ferry"]}
+    assert (await _talked(svc, "ferry pier"))[0] == convs["ferry"]  # now from the index
+    # a message the index has not applied: it steps aside, and the message is found at once
+    from services.conversations.models import MessageIn
+    await svc.conversations.append(convs["badge"], [MessageIn(role="user", content="Is the walrus exhibit open?")])
+    assert await _chunk_hits(db, org, ["walrus"]) is None
+    assert (await _talked(svc, "walrus exhibit"))[0] == convs["badge"]
+    assert await db.keyword_sync(chunks=True)
+    assert await _chunk_hits(db, org, ["walrus"]) == {convs["badge"]}
+    # a deleted conversation's chunks leave the index
+    await svc.conversations.delete(convs["coffee"])
+    assert await db.keyword_sync(chunks=True)
+    assert await _chunk_hits(db, org, ["oat", "milk", "cartons"]) == set()
+    assert convs["coffee"] not in await _talked(svc, "oat milk cartons")
+    # the thoughts' index is another one: a conversation is never a thought's hit
+    await svc.thoughts.capture("The walrus exhibit opens in spring.")
+    assert await db.keyword_sync()
+    hits = await db.keyword_search(org.id, ["walrus"], 10)
+    assert hits is not None and len(hits) == 1
+    # the search's keyword side is the index's: with chunks_fts emptied, it still finds the words
+    await db.execute("DELETE FROM chunks_fts")
+    rows, _, _ = await svc.search._keyword("walrus exhibit", ["conversation", "turn"], None, 100)
+    assert {r[2] for r in rows} == {convs["badge"]}
+
+
+async def test_the_chunk_index_gives_the_same_conversations_as_chunks_fts(tmp_path):
+    """Every query word BM25-ranked by tantivy, against FTS5's: the same conversations on top for queries one
+    conversation answers; within a conversation or a time window, chunks_fts answers (their filters)."""
+    found: dict[str, list[list[str]]] = {}
+    for name, index_from in (("fts", 0), ("index", 1)):
+        async with opened(tmp_path / name, index_from) as e:
+            org = await e.org("kwi-same")
+            svc = await e.svc(org)
+            convs = {k: await _talk(svc, lines) for k, lines in TALKS.items()}
+            if index_from:
+                assert await (await e.db(org)).keyword_sync(chunks=True)
+            out = []
+            for q in ("ferry island pier", "visitor badge front desk", "coffee oat milk"):
+                out.append([next(k for k, v in convs.items() if v == c) for c in await _talked(svc, q)][:1])
+            when = int(time.time() * 1000)
+            out.append(sorted({next(k for k, v in convs.items() if v == c) for c in await _talked(
+                svc, "ferry pier badge desk", parent_id=convs["badge"])}))
+            out.append([next(k for k, v in convs.items() if v == c) for c in await _talked(
+                svc, "ferry pier", time_from=when - 3_600_000)][:1])
+            found[name] = out
+    assert found["fts"] == found["index"] == [["ferry"], ["badge"], ["coffee"], ["badge"], ["ferry"]]
+
+
+async def test_a_damaged_chunk_index_is_rebuilt_and_an_older_database_gets_the_log(env):
+    org = await env.org("kwi-talk-damage")
+    svc = await env.svc(org)
+    convs = {k: await _talk(svc, lines) for k, lines in TALKS.items()}
+    db = await env.db(org)
+    assert await db.keyword_sync(chunks=True)
+    root = env.memex.stores.directory(org.id) / "memex.sqlite3.chunk-keywords"
+    (root / "state.json").write_text("{not json")
+    await env.close()
+    await env.open()
+    db = await env.db(org)
+    assert await _chunk_hits(db, org, ["ferry"]) is None  # unreadable state: chunks_fts answers, the index rebuilds
+    assert await db.keyword_sync(chunks=True)
+    assert await _chunk_hits(db, org, ["ferry"]) == {convs["ferry"]}
+    rows = (await db.execute("SELECT count(*) AS n FROM chunk_keyword_changes")).rows
+    assert rows[0]["n"] > 0  # migration 0005's triggers log the conversations' chunks

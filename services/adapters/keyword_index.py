@@ -16,6 +16,11 @@ damaged state, an index of an older layout or one that does not open, a log that
 position, or a position the log does not hold (another database in its place) means a rebuild into a new generation
 from ``documents``; the old one is removed after the switch. Organizations below ``build_from`` documents are not
 indexed (FTS5 is fast there).
+
+``ChunkKeywordIndex`` is the same machinery over a large organization's conversation chunks (migration 0005's
+``chunk_keyword_changes``, ``<database>.chunk-keywords/``): conversation search's keyword side, chunks_fts answering
+whenever it is behind, and for a search within one conversation or a time window (filters chunks_fts applies in
+its statement).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 
 import tantivy
 
-__all__ = ["KeywordIndex", "BUILD_FROM", "HEAD_SQL", "index_is_current"]
+__all__ = ["KeywordIndex", "ChunkKeywordIndex", "BUILD_FROM", "CHUNK_KINDS", "HEAD_SQL", "index_is_current"]
 
 log = logging.getLogger("memex.keywords")
 
@@ -62,10 +67,12 @@ HEAD_SQL = (
 )
 
 
-def index_is_current(db_path: str | Path) -> bool | None:
-    """Whether the keyword index beside the database at ``db_path`` has applied its log's last entry, read from the
-    files (another process's view: benchmarks, tests over HTTP); None when it has none."""
-    state_path = Path(str(db_path) + ".keywords") / "state.json"
+def index_is_current(db_path: str | Path, kind: type[KeywordIndex] | None = None) -> bool | None:
+    """Whether the keyword index (``kind``: the thoughts', else ``ChunkKeywordIndex``) beside the database at
+    ``db_path`` has applied its log's last entry, read from the files (another process's view: benchmarks, tests over
+    HTTP); None when it has none."""
+    kind = kind or KeywordIndex
+    state_path = Path(str(db_path) + kind.SUFFIX) / "state.json"
     try:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):
@@ -73,13 +80,13 @@ def index_is_current(db_path: str | Path) -> bool | None:
     conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
-        head = conn.execute(HEAD_SQL).fetchone()
+        head = conn.execute(kind.HEAD_SQL).fetchone()
     finally:
         conn.close()
-    return state.get("layout") == LAYOUT and (state.get("seq"), state.get("last")) == _position(head)
+    return state.get("layout") == kind.LAYOUT and (state.get("seq"), state.get("last")) == _position(head)
 
 
-def _position(head: Any) -> tuple[int, str | None]:
+def _position(head: Any) -> tuple[int, str | int | None]:
     """The log's last entry (a ``HEAD_SQL`` row) as an index position: (seq, its document); (0, None) when empty."""
     return head["seq"] or 0, head["last"]
 
@@ -139,20 +146,40 @@ class _Open:
     searcher: Any
     generation: str
     seq: int
-    last: str | None
+    last: str | int | None
 
     @property
-    def position(self) -> tuple[int, str | None]:
+    def position(self) -> tuple[int, str | int | None]:
         return self.seq, self.last
 
 
 class KeywordIndex:
     """The index of one organization database (see the module docstring). ``read(sql, params)`` runs a read
-    statement on the database's readers; ``connect()`` opens a read-only connection of the catch-up's own."""
+    statement on the database's readers; ``connect()`` opens a read-only connection of the catch-up's own.
+
+    The class attributes and the ``_schema`` / ``_entry`` / ``_query`` / ``_hits`` hooks say what is indexed: here
+    the thoughts (``documents``, logged in ``keyword_changes``); ``ChunkKeywordIndex`` the conversations' chunks."""
+
+    #: The directory beside the database.
+    SUFFIX = ".keywords"
+    #: The change log (a table with ``seq``, ``organization_id`` and ``KEY``) that migrations' triggers write.
+    LOG = "keyword_changes"
+    KEY = "document_id"
+    HEAD_SQL = HEAD_SQL
+    #: The source's size, compared with ``build_from`` before a first build.
+    SIZE_SQL = "SELECT max(pk) FROM documents_fts_keys"
+    LAYOUT = LAYOUT
+    #: Every row to index: (organization, key, *what ``_entry`` takes).
+    SOURCE_SQL = "SELECT organization_id, id, content FROM documents"
+    #: The rows of the keys logged in a range of seq (``?``, ``?``) that still exist, in ``SOURCE_SQL``'s columns.
+    CHANGED_SQL = (
+        "SELECT d.organization_id, d.id, d.content FROM (SELECT DISTINCT organization_id, document_id "
+        "FROM keyword_changes WHERE seq > ? AND seq <= ?) AS k CROSS JOIN documents d "
+        "ON d.organization_id = k.organization_id AND d.id = k.document_id")
 
     def __init__(self, db_path: str, read: Callable[[str, tuple], list[dict[str, Any]]],
                  connect: Callable[[], sqlite3.Connection], *, build_from: int = BUILD_FROM) -> None:
-        self.root = Path(db_path + ".keywords")
+        self.root = Path(db_path + self.SUFFIX)
         self.build_from = build_from
         self._read = read
         self._connect = connect
@@ -173,16 +200,18 @@ class KeywordIndex:
         ``build_from`` documents; it is looked at again after ``SMALL_TTL`` seconds."""
         return not self._closed and (self._open is not None or time.monotonic() >= self._small_until)
 
-    def search(self, org_id: str, words: list[str], limit: int) -> list[tuple[str, float]] | None:
-        """The ``limit`` best documents for any of ``words`` (BM25, best first) as (document id, score), or None
-        when the index is not there or behind the log (then a catch-up starts; the caller asks FTS5)."""
+    def search(self, org_id: str, words: list[str], limit: int,
+               kinds: list[str] | None = None) -> list[tuple[Any, float]] | None:
+        """The ``limit`` best entries for any of ``words`` (BM25, best first) as (key, score), or None when the
+        index is not there or behind the log (then a catch-up starts; the caller asks FTS5). Thoughts: (document id,
+        score); ``kinds`` is for ``ChunkKeywordIndex``."""
         if self._closed or not words:
             return None
         if not self._loaded:
             self._load()
         view = self._open
         try:
-            head = self._read(HEAD_SQL, ())[0]
+            head = self._read(self.HEAD_SQL, ())[0]
         except sqlite3.Error:  # a database without the log yet (mid-migration): FTS5 answers
             return None
         if view is None:
@@ -195,16 +224,33 @@ class KeywordIndex:
             self.catch_up()
             return None
         try:
-            # the organization as a filter (scoring nothing: defence in depth, the database is its own alone)
-            mine = tantivy.Query.const_score_query(tantivy.Query.term_query(view.index.schema, "org", org_id), 0.0)
-            query = tantivy.Query.boolean_query(
-                [(tantivy.Occur.Must, mine), (tantivy.Occur.Must, tantivy.Query.boolean_query(
-                    [(tantivy.Occur.Should, view.index.parse_query(w, ["content"])) for w in words]))])
+            query = self._query(view.index, org_id, words, kinds)
             # count=False: no count of every match, which block-max WAND's top-k would otherwise have to make
-            return _ids(view.searcher, view.searcher.search(query, limit, count=False).hits)
+            return self._hits(view.searcher, view.searcher.search(query, limit, count=False).hits)
         except (ValueError, OSError):  # a word the parser refuses, a file gone: FTS5 answers
             log.warning("keyword index of %s: search failed; FTS5 answers", self.root, exc_info=True)
             return None
+
+    def _query(self, index: Any, org_id: str, words: list[str], kinds: list[str] | None) -> Any:
+        """Any of ``words`` in the content, within the organization (a filter scoring nothing: defence in depth,
+        the database is its own alone)."""
+        mine = tantivy.Query.const_score_query(tantivy.Query.term_query(index.schema, "org", org_id), 0.0)
+        return tantivy.Query.boolean_query(
+            [(tantivy.Occur.Must, mine), (tantivy.Occur.Must, tantivy.Query.boolean_query(
+                [(tantivy.Occur.Should, index.parse_query(w, ["content"])) for w in words]))])
+
+    @staticmethod
+    def _hits(searcher: Any, hits: list[tuple[float, Any]]) -> list[tuple[Any, float]]:
+        return _ids(searcher, hits)
+
+    @staticmethod
+    def _schema() -> Any:
+        return _schema()
+
+    @staticmethod
+    def _entry(org: str, key: Any, *rest: Any) -> Any:
+        """The index's document for a ``SOURCE_SQL`` row."""
+        return _document(org, key, *rest)
 
     # -- keeping up ----------------------------------------------------------------------------------
 
@@ -228,7 +274,7 @@ class KeywordIndex:
         if thread is not None:
             thread.join(timeout)
         view = self._open
-        head = self._read(HEAD_SQL, ())[0]
+        head = self._read(self.HEAD_SQL, ())[0]
         return view is not None and view.position == _position(head)
 
     def close(self) -> None:
@@ -261,16 +307,16 @@ class KeywordIndex:
         self._load()
         conn.execute("BEGIN")
         try:
-            head = conn.execute("SELECT max(seq), min(seq) FROM keyword_changes").fetchone()
+            head = conn.execute(f"SELECT max(seq), min(seq) FROM {self.LOG}").fetchone()
             top, bottom = head[0] or 0, head[1]
             view = self._open
             if view is None:
-                size = conn.execute("SELECT max(pk) FROM documents_fts_keys").fetchone()[0] or 0
+                size = conn.execute(self.SIZE_SQL).fetchone()[0] or 0
                 if size < self.build_from:
                     return True
                 self._rebuild(conn, top)
                 return True
-            here = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (view.seq,)).fetchone()
+            here = conn.execute(f"SELECT {self.KEY} FROM {self.LOG} WHERE seq = ?", (view.seq,)).fetchone()
             reaches = bottom is None or view.seq >= bottom - 1
             same_log = (here[0] if here else None) == view.last if view.seq >= (bottom or 1) else view.last is None
             if view.seq > top or not reaches or not same_log:
@@ -286,19 +332,16 @@ class KeywordIndex:
 
     def _apply(self, conn: sqlite3.Connection, view: _Open, upto: int) -> None:
         changed = conn.execute(
-            "SELECT DISTINCT organization_id, document_id FROM keyword_changes WHERE seq > ? AND seq <= ?",
+            f"SELECT DISTINCT organization_id, {self.KEY} FROM {self.LOG} WHERE seq > ? AND seq <= ?",
             (view.seq, upto)).fetchall()
-        last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (upto,)).fetchone()[0]
+        last = conn.execute(f"SELECT {self.KEY} FROM {self.LOG} WHERE seq = ?", (upto,)).fetchone()[0]
         writer = view.index.writer(heap_size=WRITER_HEAP, num_threads=1)
         try:
-            for org, doc in changed:  # deletes first: a delete removes what was added before it
-                writer.delete_documents_by_term("key", f"{org}/{doc}")
-            # the changed documents that still exist, streamed (a round's texts may be large)
-            for org, doc, content in conn.execute(
-                    "SELECT d.organization_id, d.id, d.content FROM (SELECT DISTINCT organization_id, document_id "
-                    "FROM keyword_changes WHERE seq > ? AND seq <= ?) AS k CROSS JOIN documents d "
-                    "ON d.organization_id = k.organization_id AND d.id = k.document_id", (view.seq, upto)):
-                writer.add_document(_document(org, doc, content))
+            for org, key in changed:  # deletes first: a delete removes what was added before it
+                writer.delete_documents_by_term("key", f"{org}/{key}")
+            # the changed entries that still exist, streamed (a round's texts may be large)
+            for row in conn.execute(self.CHANGED_SQL, (view.seq, upto)):
+                writer.add_document(self._entry(*row))
             if self._closed:
                 writer.rollback()
                 return
@@ -308,18 +351,18 @@ class KeywordIndex:
         self._switch(view.index, view.generation, upto, last)
 
     def _rebuild(self, conn: sqlite3.Connection, top: int) -> None:
-        last = conn.execute("SELECT document_id FROM keyword_changes WHERE seq = ?", (top,)).fetchone() if top else None
+        last = conn.execute(f"SELECT {self.KEY} FROM {self.LOG} WHERE seq = ?", (top,)).fetchone() if top else None
         generation = f"gen-{time.time_ns()}"
         path = self.root / generation
         path.mkdir(parents=True)
-        index = _registered(tantivy.Index(_schema(), path=str(path)))
+        index = _registered(tantivy.Index(self._schema(), path=str(path)))
         writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
         try:
-            for org, doc, content in conn.execute("SELECT organization_id, id, content FROM documents"):
+            for row in conn.execute(self.SOURCE_SQL):
                 if self._closed:
                     writer.rollback()
                     return
-                writer.add_document(_document(org, doc, content))
+                writer.add_document(self._entry(*row))
             writer.commit()
         finally:
             writer.wait_merging_threads()
@@ -338,8 +381,8 @@ class KeywordIndex:
             try:
                 state = json.loads(state_path.read_text())
                 generation, seq, last = str(state["generation"]), int(state["seq"]), state["last"]
-                if last is not None and not isinstance(last, str):
-                    raise ValueError("last must be a document id")
+                if last is not None and not isinstance(last, str | int):
+                    raise ValueError("last must be a key of the log")
                 if not re.fullmatch(r"gen-\d+", generation):  # a name inside root, nothing else
                     raise ValueError(f"not a generation: {generation!r}")
             except FileNotFoundError:
@@ -348,7 +391,7 @@ class KeywordIndex:
                 log.warning("keyword index of %s: unreadable state; rebuilding", self.root)
                 self._open = None
                 return
-            if state.get("layout") != LAYOUT:
+            if state.get("layout") != self.LAYOUT:
                 log.info("keyword index of %s: an older layout; rebuilding", self.root)
                 self._open = None
                 return
@@ -366,10 +409,10 @@ class KeywordIndex:
                 log.warning("keyword index of %s: %s does not open; rebuilding", self.root, generation)
                 self._open = None
 
-    def _save(self, generation: str, seq: int, last: str | None) -> None:
+    def _save(self, generation: str, seq: int, last: str | int | None) -> None:
         tmp = self.root / "state.json.tmp"
         with open(tmp, "w") as f:
-            json.dump({"generation": generation, "seq": seq, "last": last, "layout": LAYOUT}, f)
+            json.dump({"generation": generation, "seq": seq, "last": last, "layout": self.LAYOUT}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / "state.json")
@@ -379,7 +422,7 @@ class KeywordIndex:
         finally:
             os.close(fd)
 
-    def _switch(self, index: Any, generation: str, seq: int, last: str | None) -> None:
+    def _switch(self, index: Any, generation: str, seq: int, last: str | int | None) -> None:
         """After a commit: save the position, then let searches read the committed index at it."""
         self._save(generation, seq, last)
         index.reload()
@@ -391,3 +434,67 @@ class KeywordIndex:
         for p in self.root.glob("gen-*"):
             if p.name != keep:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+#: The chunk kinds ``ChunkKeywordIndex`` holds: a conversation's windows and single turns (the conversation
+#: hydrator's ``chunk_kinds``). Migration 0005's triggers log these kinds only.
+CHUNK_KINDS = ("conversation", "turn")
+
+
+def _chunk_schema() -> Any:
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("key", stored=False, tokenizer_name="raw", index_option="basic")  # organization "/" chunk pk
+    sb.add_text_field("org", stored=False, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("kind", stored=False, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("content", stored=False, tokenizer_name=ANALYZER)
+    sb.add_unsigned_field("pk", fast=True)  # the chunk's row: a search reads all its hits' in one call
+    return sb.build()
+
+
+class ChunkKeywordIndex(KeywordIndex):
+    """The same machinery over a large organization's conversation chunks (``chunks`` of ``CHUNK_KINDS``, logged by
+    migration 0005 in ``chunk_keyword_changes`` by their ``pk``): conversation search's keyword side, which FTS5
+    answers from ``chunks_fts`` otherwise (at 134,000 chunks ~13-16 ms a query, scoring every matched row;
+    bench/README.md). A hit is (chunk pk, BM25); the caller reads the chunks' rows by pk. Chunks are written and
+    deleted, never edited (their text is what was embedded), so the log has no update trigger."""
+
+    SUFFIX = ".chunk-keywords"
+    LOG = "chunk_keyword_changes"
+    KEY = "chunk_pk"
+    HEAD_SQL = (
+        "SELECT (SELECT max(seq) FROM chunk_keyword_changes) AS seq, "
+        "(SELECT chunk_pk FROM chunk_keyword_changes ORDER BY seq DESC LIMIT 1) AS last, "
+        "(SELECT max(pk) FROM chunks) AS size"
+    )
+    #: Every chunk's row (thoughts' too: a bound read in one index seek, where a count of the conversation chunks
+    #: would read them all); an organization past it with few conversation chunks gets a small index.
+    SIZE_SQL = "SELECT max(pk) FROM chunks"
+    LAYOUT = 1
+    SOURCE_SQL = f"SELECT organization_id, pk, kind, content FROM chunks WHERE kind IN {CHUNK_KINDS!r}"
+    CHANGED_SQL = (
+        "SELECT c.organization_id, c.pk, c.kind, c.content FROM (SELECT DISTINCT chunk_pk FROM chunk_keyword_changes "
+        f"WHERE seq > ? AND seq <= ?) AS k CROSS JOIN chunks c ON c.pk = k.chunk_pk WHERE c.kind IN {CHUNK_KINDS!r}")
+
+    def _query(self, index: Any, org_id: str, words: list[str], kinds: list[str] | None) -> Any:
+        query = super()._query(index, org_id, words, kinds)
+        if not kinds:
+            return query
+        kind = tantivy.Query.const_score_query(tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, tantivy.Query.term_query(index.schema, "kind", k)) for k in kinds]), 0.0)
+        return tantivy.Query.boolean_query([(tantivy.Occur.Must, kind), (tantivy.Occur.Must, query)])
+
+    @staticmethod
+    def _hits(searcher: Any, hits: list[tuple[float, Any]]) -> list[tuple[Any, float]]:
+        pks = searcher.fast_field_values("pk", [addr for _, addr in hits])
+        return [(pk, float(score)) for (score, _), pk in zip(hits, pks, strict=True)]
+
+    @staticmethod
+    def _schema() -> Any:
+        return _chunk_schema()
+
+    @staticmethod
+    def _entry(org: str, key: Any, *rest: Any) -> Any:
+        kind, content = rest
+        d = tantivy.Document(key=f"{org}/{key}", org=org, kind=kind, content=content)
+        d.add_unsigned("pk", key)
+        return d

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.adapters.keyword_index import KeywordIndex
+from services.adapters.keyword_index import CHUNK_KINDS, ChunkKeywordIndex, KeywordIndex
 from services.errors import BackendError, InsufficientStorage, InvalidInput
 from services.ports import SqlResult, SqlValue, Statement
 
@@ -95,7 +95,8 @@ class SqliteDatabase:
 
     def __init__(self, path: str | Path, *, readers: int = 4, keyword_index_from: int | None = None) -> None:
         """``keyword_index_from``: an organization database whose thoughts get a tantivy index from that many
-        documents up (services.adapters.keyword_index); None: none (the control database, tools)."""
+        documents up, and its conversation chunks from that many chunks up (services.adapters.keyword_index); None:
+        none (the control database, tools)."""
         self.path = str(path)
         if not self.path.startswith("file:"):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -115,9 +116,16 @@ class SqliteDatabase:
             self._readers.put(conn)
             self._all_readers.append(conn)
         self._keywords: KeywordIndex | None = None
+        self._chunk_keywords: ChunkKeywordIndex | None = None
         if keyword_index_from is not None and not self.path.startswith("file:"):
-            self._keywords = KeywordIndex(self.path, lambda sql, params: self._run_one(sql, params).rows,
-                                          lambda: _connect(self.path, readonly=True), build_from=keyword_index_from)
+            def read(sql: str, params: tuple) -> list[dict[str, Any]]:
+                return self._run_one(sql, params).rows
+
+            def connect() -> sqlite3.Connection:
+                return _connect(self.path, readonly=True)
+
+            self._keywords = KeywordIndex(self.path, read, connect, build_from=keyword_index_from)
+            self._chunk_keywords = ChunkKeywordIndex(self.path, read, connect, build_from=keyword_index_from)
 
     # -- sync cores (run in threads) -------------------------------------------------------------
 
@@ -185,20 +193,21 @@ class SqliteDatabase:
         await _off_loop(self._run_script, sql)
 
     async def keyword_search(self, org_id: str, words: list[str], limit: int,
-                             then: Callable[[list[tuple[str, float]]], Statement] | None = None,
-                             ) -> Any:
+                             then: Callable[[list[tuple[Any, float]]], Statement] | None = None,
+                             *, chunk_kinds: list[str] | None = None) -> Any:
         """The thoughts' keyword side from the tantivy index: (document id, BM25) best first, or None when there is
-        no index or it is behind (the caller ranks with FTS5).
+        no index or it is behind (the caller ranks with FTS5). With ``chunk_kinds`` (of ``CHUNK_KINDS``), the
+        conversation chunks' index instead: (chunk pk, BM25) of those kinds.
 
         ``then(hits)``: a read statement made from the hits (bound to the organization: ``OrgSql.stmt``), run in the
         same worker thread right after them; the answer is then (hits, its rows). One hand-over to a thread and back
         instead of two: on a busy server each one waits for the GIL."""
-        kw = self._keywords
-        if kw is None or not kw.wanted():
-            return None
+        kw: KeywordIndex | None = self._keywords if chunk_kinds is None else self._chunk_keywords
+        if kw is None or not kw.wanted() or (chunk_kinds is not None and not set(chunk_kinds) <= set(CHUNK_KINDS)):
+            return None  # (a kind the chunk index does not hold: knowledge)
 
         def run() -> Any:
-            hits = kw.search(org_id, words, limit)
+            hits = kw.search(org_id, words, limit, chunk_kinds)
             if then is None or hits is None:
                 return hits
             if not hits:
@@ -208,10 +217,11 @@ class SqliteDatabase:
 
         return await _off_loop(run)
 
-    async def keyword_sync(self, timeout: float = 120.0) -> bool:
-        """Bring the keyword index up to date now (builds it if the organization is large enough): True when it
-        is current. For tests, benchmarks and tools; the service catches up on its own."""
-        kw = self._keywords
+    async def keyword_sync(self, timeout: float = 120.0, *, chunks: bool = False) -> bool:
+        """Bring the keyword index (``chunks``: the conversation chunks') up to date now (builds it if the
+        organization is large enough): True when it is current. For tests, benchmarks and tools; the service catches
+        up on its own."""
+        kw = self._chunk_keywords if chunks else self._keywords
         return kw is not None and await asyncio.to_thread(kw.sync, timeout)
 
     def _checkpoint(self) -> None:
@@ -227,8 +237,9 @@ class SqliteDatabase:
         return free_bytes(self.path)
 
     def _close(self) -> None:
-        if self._keywords is not None:  # its catch-up reads with a connection of its own
-            self._keywords.close()
+        for kw in (self._keywords, self._chunk_keywords):  # a catch-up reads with a connection of its own
+            if kw is not None:
+                kw.close()
         # Wait for statements in flight (a connection closed under a running statement crashes the process).
         with self._write_lock:
             if self._closed:

@@ -140,18 +140,19 @@ class PooledDatabase(_Pooled[SqlDatabase]):
         return self._free_bytes()
 
     async def keyword_search(self, org_id: str, words: list[str], limit: int,
-                             then: Callable[[list[tuple[str, float]]], Statement] | None = None,
-                             ) -> Any:
-        """The adapter's keyword index (embedded SQLite), else None: the caller ranks with FTS5."""
+                             then: Callable[[list[tuple[Any, float]]], Statement] | None = None,
+                             *, chunk_kinds: list[str] | None = None) -> Any:
+        """The adapter's keyword indexes (embedded SQLite), else None: the caller ranks with FTS5."""
         async def call(db: SqlDatabase) -> Any:
             search = getattr(db, "keyword_search", None)
-            return await search(org_id, words, limit, then) if search is not None else None
+            return (await search(org_id, words, limit, then, chunk_kinds=chunk_kinds)
+                    if search is not None else None)
         return await self._call(call)
 
-    async def keyword_sync(self, timeout: float = 120.0) -> bool:
+    async def keyword_sync(self, timeout: float = 120.0, *, chunks: bool = False) -> bool:
         async def call(db: SqlDatabase) -> bool:
             sync = getattr(db, "keyword_sync", None)
-            return bool(await sync(timeout)) if sync is not None else False
+            return bool(await sync(timeout, chunks=chunks)) if sync is not None else False
         return await self._call(call)
 
 
