@@ -412,3 +412,51 @@ async def test_a_damaged_chunk_index_is_rebuilt_and_an_older_database_gets_the_l
     assert await _chunk_hits(db, org, ["ferry"]) == {convs["ferry"]}
     rows = (await db.execute("SELECT count(*) AS n FROM chunk_keyword_changes")).rows
     assert rows[0]["n"] > 0  # migration 0005's triggers log the conversations' chunks
+
+
+def test_over_http_each_organization_searches_only_its_own_conversation_index():
+    """The conversation chunks' index, two organizations with the same words: each one's conversation search, served
+    by its own index once current, finds only its own conversations; another organization's conversation is 404 to
+    search within or delete, and a delete stays its owner's."""
+    from services.adapters.keyword_index import ChunkKeywordIndex
+
+    with tempfile.TemporaryDirectory() as tmp, backend_live("embedded", Path(tmp), keyword_index_from=1) as live:
+        a, b = signup(live, "kca"), signup(live, "kcb")
+        with live.client() as c:
+            mine: dict[str, set[str]] = {}
+            for org, word in ((a, "alpha"), (b, "beta")):
+                for key, lines in TALKS.items():
+                    r = c.post("/v1/conversations", json={"title": f"{key} {word}"}, headers=org.headers)
+                    assert r.status_code == 201, r.text
+                    cid = r.json()["id"]
+                    r = c.post(f"/v1/conversations/{cid}/messages", headers=org.headers, json={"messages": [
+                        {"role": "user", "content": f"{text} ({word})"} for text in lines]})
+                    assert r.status_code in (200, 201), r.text
+                    mine.setdefault(org.id, set()).add(cid)
+
+            def search(org, query, **extra):
+                r = c.post("/v1/search", json={"query": query, "top_k": 20, "kinds": ["conversation"], **extra},
+                           headers=org.headers)
+                return r.status_code, {h["conversation_id"] for h in r.json().get("results", [])}
+
+            def current(org) -> bool:
+                return bool(index_is_current(Path(tmp) / "orgs" / org.id / "memex.sqlite3", ChunkKeywordIndex))
+
+            deadline = time.monotonic() + 60
+            while not (current(a) and current(b)):  # searches start each organization's catch-up
+                assert time.monotonic() < deadline, "the indexes never caught up"
+                search(a, "ferry pier island")
+                search(b, "ferry pier island")
+                time.sleep(0.1)
+            status, found = search(a, "ferry pier island")
+            assert status == 200 and found and found <= mine[a.id]
+            status, found_b = search(b, "ferry pier island")
+            assert status == 200 and found_b and found_b <= mine[b.id]
+            assert search(a, "beta")[1] == set() and search(b, "alpha")[1] == set()
+            some_a = sorted(found)[0]
+            assert search(b, "ferry", conversation_id=some_a)[0] == 404
+            assert c.delete(f"/v1/conversations/{some_a}", headers=b.headers).status_code == 404
+            assert search(a, "ferry pier island")[1] == found  # nothing changed for its owner
+            assert c.delete(f"/v1/conversations/{some_a}", headers=a.headers).status_code in (200, 204)
+            assert search(a, "ferry pier island")[1] == found - {some_a}  # the owner's delete: gone at once
+            assert search(b, "ferry pier island")[1] == found_b
