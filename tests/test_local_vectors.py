@@ -638,3 +638,43 @@ async def test_reset_on_mismatch_wipes_and_reports(tmp_path):
     await same.close()
     with pytest.raises(EmbeddingModelMismatch):
         LocalVectorIndex(path, dimensions=DIMS, model=MODEL)
+
+
+async def test_a_predictable_search_runs_on_the_loop_and_a_busy_namespace_waits_in_a_thread(index, monkeypatch):
+    """Between the two thresholds a namespace is searched on the event loop only when that is quick and cannot wait:
+    its filter's verdicts are kept (the first search with a filter judges rows, in a thread) and no writer holds it.
+    A namespace whose lock is held is searched in a thread, so the loop keeps serving meanwhile; the answers are
+    the same either way."""
+    import services.adapters.local_vectors as lv
+
+    monkeypatch.setattr(lv, "INLINE_QUERY_MAX_FLOATS", 0)
+    monkeypatch.setattr(lv, "INLINE_PREDICTABLE_MAX_FLOATS", 10**9)
+    rng = np.random.default_rng(3)
+    await index.upsert([Vector(id=f"v{i}", values=rng.normal(size=DIMS).astype(np.float32), namespace="A",
+                               metadata={"kind": "thought" if i % 4 else "turn"}) for i in range(500)])
+    q = rng.normal(size=DIMS).astype(np.float32)
+    await ids_of(index, q)  # the namespace loaded (in a thread)
+    hops: list[str] = []
+    real = asyncio.to_thread
+
+    async def counted(fn, *args):
+        hops.append(getattr(fn, "__name__", "?"))
+        return await real(fn, *args)
+
+    monkeypatch.setattr(lv.asyncio, "to_thread", counted)
+    flt = {"kind": {"$in": ["thought"]}}
+    first = await ids_of(index, q, filter=flt)
+    assert hops == ["search_locked"]  # a filter not seen before: in a thread
+    assert await ids_of(index, q, filter=flt) == first and hops == ["search_locked"]  # then on the loop
+    assert await ids_of(index, q) == await ids_of(index, q) and hops == ["search_locked"]  # no filter: on the loop
+
+    space = index._spaces["A"]
+    space.lock.acquire()  # a writer holds the namespace
+    try:
+        task = asyncio.ensure_future(ids_of(index, q, filter=flt))
+        for _ in range(20):  # the loop is not blocked: it keeps running while the search waits
+            await asyncio.sleep(0.001)
+        assert not task.done()
+    finally:
+        space.lock.release()
+    assert await task == first and hops == ["search_locked", "search_locked"]
