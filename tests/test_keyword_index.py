@@ -209,6 +209,16 @@ async def test_an_organization_below_the_threshold_gets_no_index(tmp_path):
         assert await db.keyword_sync()  # five thoughts: indexed
 
 
+def _until_current(data: Path, orgs, search, kind=None) -> None:
+    """Search each organization (a search starts its index's catch-up) until every one's index is current."""
+    deadline = time.monotonic() + 60
+    while not all(index_is_current(data / "orgs" / org.id / "memex.sqlite3", kind) for org in orgs):
+        assert time.monotonic() < deadline, "the indexes never caught up"
+        for org in orgs:
+            search(org)
+        time.sleep(0.1)
+
+
 def test_over_http_each_organization_searches_only_its_own_index():
     """Two organizations with the same words: each one's search, served by its own index once current, finds only
     its own thoughts; another organization's thought id is 404 to read or delete, and a delete stays its owner's."""
@@ -227,15 +237,7 @@ def test_over_http_each_organization_searches_only_its_own_index():
                 assert r.status_code == 200, r.text
                 return {h["document_id"] for h in r.json()["results"]}
 
-            def current(org) -> bool:
-                return bool(index_is_current(Path(tmp) / "orgs" / org.id / "memex.sqlite3"))
-
-            deadline = time.monotonic() + 60
-            while not (current(a) and current(b)):  # searches start each organization's catch-up
-                assert time.monotonic() < deadline, "the indexes never caught up"
-                search(a, "ferry pier island")
-                search(b, "ferry pier island")
-                time.sleep(0.1)
+            _until_current(Path(tmp), (a, b), lambda org: search(org, "ferry pier island"))
             assert search(a, "ferry pier island") and search(a, "ferry pier island") <= mine[a.id]
             assert search(b, "ferry pier island") and search(b, "ferry pier island") <= mine[b.id]
             assert search(a, "beta") == set() and search(b, "alpha") == set()
@@ -439,15 +441,7 @@ def test_over_http_each_organization_searches_only_its_own_conversation_index():
                            headers=org.headers)
                 return r.status_code, {h["conversation_id"] for h in r.json().get("results", [])}
 
-            def current(org) -> bool:
-                return bool(index_is_current(Path(tmp) / "orgs" / org.id / "memex.sqlite3", ChunkKeywordIndex))
-
-            deadline = time.monotonic() + 60
-            while not (current(a) and current(b)):  # searches start each organization's catch-up
-                assert time.monotonic() < deadline, "the indexes never caught up"
-                search(a, "ferry pier island")
-                search(b, "ferry pier island")
-                time.sleep(0.1)
+            _until_current(Path(tmp), (a, b), lambda org: search(org, "ferry pier island"), ChunkKeywordIndex)
             status, found = search(a, "ferry pier island")
             assert status == 200 and found and found <= mine[a.id]
             status, found_b = search(b, "ferry pier island")
