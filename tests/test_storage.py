@@ -311,3 +311,50 @@ async def test_a_chunk_deleted_while_embedding_leaves_no_vector(env):
     await JobWorker(stores, DeletingEmbedder(), handlers=job_handlers()).drain()
     assert await store.vectors.query((await emb.embed(["short lived note"]))[0], top_k=5) == []
     assert await store.index.ids_in_namespace("org_a") == set() and res.id  # no vector at all in its file
+
+
+async def test_read_now_reads_on_the_calling_thread_and_steps_aside_when_it_cannot(tmp_path):
+    """``read_now`` (a search's hydration, on the event loop): the rows ``execute`` gives; None for a statement that
+    writes (nothing written), while its reader is in another thread's hands, on a closed database, and through a
+    pooled handle not open yet (which it does not open); the caller then reads as usual."""
+    import threading
+
+    from services.storage.pool import HandlePool, PooledDatabase
+    from services.storage.scoped import OrgSql
+
+    db = SqliteDatabase(tmp_path / "now.sqlite3")
+    await db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, org TEXT, v TEXT)")
+    await db.execute("INSERT INTO t VALUES (1, 'o1', 'a'), (2, 'o1', 'b'), (3, 'o2', 'c')")
+    sql = "SELECT id, v FROM t WHERE org = ?1 ORDER BY id"
+    now = db.read_now(sql, ["o1"])
+    assert now is not None and now.rows == (await db.execute(sql, ["o1"])).rows == [{"id": 1, "v": "a"},
+                                                                                       {"id": 2, "v": "b"}]
+    assert OrgSql(db, "o2").rows_now(sql) == [{"id": 3, "v": "c"}]  # bound to its organization like ``rows``
+    assert db.read_now("INSERT INTO t VALUES (4, 'o1', 'd')") is None
+    assert db.read_now("UPDATE t SET v = 'x' RETURNING id") is None
+    assert (await db.execute("SELECT count(*) AS n FROM t WHERE v IN ('d', 'x')")).rows == [{"n": 0}]
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db._now_lock:  # another thread in the middle of a read_now
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        assert db.read_now(sql, ["o1"]) is None
+    finally:
+        release.set()
+        t.join()
+    assert db.read_now(sql, ["o1"]) is not None
+    await db.close()
+    assert db.read_now(sql, ["o1"]) is None
+
+    pooled = PooledDatabase(HandlePool(4), lambda: SqliteDatabase(tmp_path / "now.sqlite3"))
+    assert pooled.read_now(sql, ["o1"]) is None and not pooled.is_open
+    await pooled.execute("SELECT 1")
+    assert pooled.read_now(sql, ["o1"]).rows == now.rows
+    await pooled.close()
+    assert pooled.read_now(sql, ["o1"]) is None

@@ -68,9 +68,9 @@ HEAD_SQL = (
 
 
 def index_is_current(db_path: str | Path, kind: type[KeywordIndex] | None = None) -> bool | None:
-    """Whether the keyword index (``kind``: the thoughts', else ``ChunkKeywordIndex``) beside the database at
-    ``db_path`` has applied its log's last entry, read from the files (another process's view: benchmarks, tests over
-    HTTP); None when it has none."""
+    """Whether the keyword index of ``kind`` (``KeywordIndex``, the thoughts', by default; or ``ChunkKeywordIndex``)
+    beside the database at ``db_path`` has applied its log's last entry, read from the files (another process's view:
+    benchmarks, tests over HTTP); None when it has none."""
     kind = kind or KeywordIndex
     state_path = Path(str(db_path) + kind.SUFFIX) / "state.json"
     try:

@@ -139,6 +139,21 @@ class PooledDatabase(_Pooled[SqlDatabase]):
     def free_bytes(self) -> int | None:
         return self._free_bytes()
 
+    def read_now(self, sql: str, params: Sequence[SqlValue] = ()) -> SqlResult | None:
+        """The open adapter's ``read_now`` (embedded SQLite), else None: a handle not open yet is not opened on the
+        event loop, and the caller runs the statement as usual."""
+        inner = self._inner
+        read = getattr(inner, "read_now", None) if inner is not None and not self._closed else None
+        if read is None:
+            return None
+        self._pool.used(self)
+        self.in_flight += 1
+        try:
+            result: SqlResult | None = read(sql, params)
+            return result
+        finally:
+            self.in_flight -= 1
+
     async def keyword_search(self, org_id: str, words: list[str], limit: int,
                              then: Callable[[list[tuple[Any, float]]], Statement] | None = None,
                              *, chunk_kinds: list[str] | None = None) -> Any:

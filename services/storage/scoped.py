@@ -47,6 +47,16 @@ class OrgSql:
     async def rows(self, sql: str, params: Sequence[SqlValue] = ()) -> list[dict[str, Any]]:
         return (await self.execute(sql, params)).rows
 
+    def rows_now(self, sql: str, params: Sequence[SqlValue] = ()) -> list[dict[str, Any]] | None:
+        """``rows`` at once on the event loop, where the database can (``read_now``: embedded SQLite, a reader free);
+        else None, and the caller awaits ``rows``. Only for a statement the caller bounds to a few row lookups."""
+        read = getattr(self.db, "read_now", None)
+        if read is None:
+            return None
+        st = bind_statement(self.org_id, sql, params)
+        result = read(st.sql, st.params)
+        return result.rows if result is not None else None
+
     async def one(self, sql: str, params: Sequence[SqlValue] = ()) -> dict[str, Any] | None:
         rows = (await self.execute(sql, params)).rows
         return rows[0] if rows else None

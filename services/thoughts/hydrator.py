@@ -37,6 +37,8 @@ def _hydrate_sql(include_content: bool) -> str:
 
 
 _HYDRATE = {include: _hydrate_sql(include) for include in (False, True)}
+#: Candidates up to which a hydration is read on the event loop (``OrgSql.rows_now``): a default search hydrates 30.
+HYDRATE_NOW_MAX = 64
 
 
 def hydrate_statement(sql: OrgSql, pairs: list[list[str]], include_content: bool = False) -> Statement:
@@ -79,7 +81,11 @@ async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpt
     found = {(r["id"], r["hydrated_chunk_id"]): r for r in rows or ()}
     missing = [[c.parent_id, c.chunk_id] for c in group if (c.parent_id, c.chunk_id) not in found]
     if missing:
-        for r in await sql.rows(_HYDRATE[opts.include_content], [json.dumps(missing)]):
+        # A search's few dozen candidates without their whole documents: primary-key lookups, read on the event loop
+        # where the database can (``rows_now``; in a worker thread each row's step waits for the GIL on a busy server)
+        now = (sql.rows_now(_HYDRATE[False], [json.dumps(missing)])
+               if not opts.include_content and len(missing) <= HYDRATE_NOW_MAX else None)
+        for r in now if now is not None else await sql.rows(_HYDRATE[opts.include_content], [json.dumps(missing)]):
             found[(r["id"], r["hydrated_chunk_id"])] = r
     wanted = set(opts.tags)
     hits = []
