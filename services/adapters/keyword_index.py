@@ -59,12 +59,12 @@ WRITER_HEAP = 32_000_000
 LAYOUT = 2
 #: A document id ``_document`` also writes as the ``hi``/``lo`` columns (``services.ids.new_id``'s form).
 _HEX_ID = re.compile(r"[0-9a-f]{32}")
-#: The log's position and the organization's size, one statement before each search.
-HEAD_SQL = (
-    "SELECT (SELECT max(seq) FROM keyword_changes) AS seq, "
-    "(SELECT document_id FROM keyword_changes ORDER BY seq DESC LIMIT 1) AS last, "
-    "(SELECT max(pk) FROM documents_fts_keys) AS size"
-)
+
+
+def _head_sql(log_table: str, key: str, size_sql: str) -> str:
+    """The log's position and the source's size, one statement before each search."""
+    return (f"SELECT (SELECT max(seq) FROM {log_table}) AS seq, "
+            f"(SELECT {key} FROM {log_table} ORDER BY seq DESC LIMIT 1) AS last, ({size_sql}) AS size")
 
 
 def index_is_current(db_path: str | Path, kind: type[KeywordIndex] | None = None) -> bool | None:
@@ -165,9 +165,9 @@ class KeywordIndex:
     #: The change log (a table with ``seq``, ``organization_id`` and ``KEY``) that migrations' triggers write.
     LOG = "keyword_changes"
     KEY = "document_id"
-    HEAD_SQL = HEAD_SQL
     #: The source's size, compared with ``build_from`` before a first build.
     SIZE_SQL = "SELECT max(pk) FROM documents_fts_keys"
+    HEAD_SQL = _head_sql(LOG, KEY, SIZE_SQL)
     LAYOUT = LAYOUT
     #: Every row to index: (organization, key, *what ``_entry`` takes).
     SOURCE_SQL = "SELECT organization_id, id, content FROM documents"
@@ -436,6 +436,9 @@ class KeywordIndex:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+#: The thoughts' index's head statement (``_head_sql``).
+HEAD_SQL = KeywordIndex.HEAD_SQL
+
 #: The chunk kinds ``ChunkKeywordIndex`` holds: a conversation's windows and single turns (the conversation
 #: hydrator's ``chunk_kinds``). Migration 0005's triggers log these kinds only.
 CHUNK_KINDS = ("conversation", "turn")
@@ -461,14 +464,10 @@ class ChunkKeywordIndex(KeywordIndex):
     SUFFIX = ".chunk-keywords"
     LOG = "chunk_keyword_changes"
     KEY = "chunk_pk"
-    HEAD_SQL = (
-        "SELECT (SELECT max(seq) FROM chunk_keyword_changes) AS seq, "
-        "(SELECT chunk_pk FROM chunk_keyword_changes ORDER BY seq DESC LIMIT 1) AS last, "
-        "(SELECT max(pk) FROM chunks) AS size"
-    )
     #: Every chunk's row (thoughts' too: a bound read in one index seek, where a count of the conversation chunks
     #: would read them all); an organization past it with few conversation chunks gets a small index.
     SIZE_SQL = "SELECT max(pk) FROM chunks"
+    HEAD_SQL = _head_sql(LOG, KEY, SIZE_SQL)
     LAYOUT = 1
     SOURCE_SQL = f"SELECT organization_id, pk, kind, content FROM chunks WHERE kind IN {CHUNK_KINDS!r}"
     CHANGED_SQL = (

@@ -92,6 +92,12 @@ class Hydrator(Protocol):
         ...
 
 
+def _wait_for_vector(pending: dict[str, dict[str, Any]], hit: KeywordRow, text: str) -> None:
+    """Note a keyword hit whose chunk is not in the vector index yet (``text``: the chunk's), by what it stands for
+    (``hit_key``): ``Search._unindexed`` gives it a vector score."""
+    pending[hit_key(hit)] = {"id": hit[0], "kind": hit[1], "parent_id": hit[2], "content": text}
+
+
 class Search:
     def __init__(
         self, sql: OrgSql, vectors: OrgVectors, embedder: Embedder, hydrators: dict[str, Hydrator],
@@ -293,7 +299,7 @@ class Search:
                 part = [(r["id"], r["kind"], r["parent_id"], -float(r["bm25"])) for r in rows]
             for hit, r in zip(part, (r for r in rows if r.get("chunk_id", True)), strict=True):
                 if r["pending"] is not None:
-                    pending[hit_key(hit)] = {"id": hit[0], "kind": hit[1], "parent_id": hit[2], "content": r["pending"]}
+                    _wait_for_vector(pending, hit, r["pending"])
             part.sort(key=lambda r: r[3], reverse=True)  # FTS5's order (stable: ties as FTS5 gave them)
             out += part
         if "thought" in kinds and others:
@@ -324,8 +330,7 @@ class Search:
         first = {r["document_id"]: r["chunk_id"] for r in rows}
         for r in rows:
             if r["chunk_id"] and r["pending"] is not None:
-                pending[r["document_id"]] = {"id": r["chunk_id"], "kind": "thought", "parent_id": r["document_id"],
-                                             "content": r["pending"]}
+                _wait_for_vector(pending, (r["chunk_id"], "thought", r["document_id"], 0.0), r["pending"])
         # a thought without chunks (mid-write) has nothing to show yet, as on FTS5's side
         return [(first[d], "thought", d, score) for d, score in found if first.get(d)]
 
@@ -358,8 +363,7 @@ class Search:
                 continue
             hit: KeywordRow = (r["id"], r["kind"], r["parent_id"], score)
             if r["pending"] is not None:
-                pending[hit_key(hit)] = {"id": r["id"], "kind": r["kind"], "parent_id": r["parent_id"],
-                                         "content": r["pending"]}
+                _wait_for_vector(pending, hit, r["pending"])
             out.append(hit)
         return out
 

@@ -48,8 +48,9 @@ class OrgSql:
         return (await self.execute(sql, params)).rows
 
     def rows_now(self, sql: str, params: Sequence[SqlValue] = ()) -> list[dict[str, Any]] | None:
-        """``rows`` at once on the event loop, where the database can (``read_now``: embedded SQLite, a reader free);
-        else None, and the caller awaits ``rows``. Only for a statement the caller bounds to a few row lookups."""
+        """``rows`` at once on the event loop, where the database can (``read_now``: embedded SQLite, its reader for
+        the loop not in use); else None, and the caller awaits ``rows``. Only for a statement the caller bounds to a
+        few row lookups."""
         read = getattr(self.db, "read_now", None)
         if read is None:
             return None
