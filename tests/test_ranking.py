@@ -14,11 +14,11 @@ from services.adapters.hash_embedder import HashEmbedder
 from services.models import SearchHit
 from services.errors import NotFound
 from services.search.ranking import (
-    DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, frequency,
-    importance, is_rollup, penalty, recency, use_weight, uses_now,
+    DAY_MS, USE_HALF_LIFE_DAYS, Ranking, RankingConfig, RerankCache, UseRecorder, decay_class, feature_columns,
+    frequency, importance, is_rollup, penalty, recency, use_weight, uses_now,
 )
 from services.search.search import Search, SearchOptions
-from services.thoughts.hydrator import hydrate_thoughts
+from services.thoughts.hydrator import hydrate_statement, hydrate_thoughts
 from services.thoughts.thoughts import Thoughts
 from services.jobs.worker import JobWorker
 from tests.stores import job_handlers, make_stores
@@ -364,3 +364,23 @@ async def test_a_heuristic_importance_does_not_reorder_relevance(env):
     await env.set(doc, enrichment_state="llm")
     e = _by_doc(await env.run("harbour ferry"))[doc].explain
     assert e["importance"] == pytest.approx(1.03) and e["importance_source"] == "llm"
+
+
+async def test_a_hit_reads_the_same_length_feature_whichever_of_its_thoughts_chunks_it_is(env):
+    """``chars`` (the short-thought penalty's input) is the length of a thought's only chunk, else NULL. A search's
+    hydration reads it from the hit's own chunk and the chunk index; the ranking stage's own read (hits hydrated
+    without it) from the thought's first two chunks. Both give the same value for every chunk of every thought."""
+    short = (await env.thoughts.capture("harbour ferry")).id
+    filler = " ".join(f"The bakery sells rye bread, sourdough loaves and seeded rolls on day {i}." for i in range(60))
+    long_id = (await env.thoughts.capture(filler + "\n\nharbour ferry")).id
+    await JobWorker(env.stores, env.emb, handlers=job_handlers(enrich=_noop)).drain()
+    chunks = await env.sql.rows("SELECT id, parent_id FROM chunks WHERE organization_id = ?1 AND kind = 'thought'")
+    assert sum(c["parent_id"] == long_id for c in chunks) >= 2
+    (hydrated,) = await env.sql.batch([hydrate_statement(env.sql, [[c["parent_id"], c["id"]] for c in chunks])])
+    stage = {r["id"]: r["chars"] for r in await env.sql.rows(
+        "SELECT " + feature_columns() + " FROM documents WHERE organization_id = ?1")}
+    assert len(hydrated.rows) == len(chunks)
+    assert [r["chars"] for r in hydrated.rows] == [stage[r["id"]] for r in hydrated.rows]
+    assert stage[short] == len("harbour ferry") and stage[long_id] is None
+    hits = _by_doc(await env.run("harbour ferry"))
+    assert hits[short].explain["penalties"] == ["short"] and hits[long_id].explain["penalties"] == []

@@ -74,17 +74,28 @@ FEATURE_NAMES = ("id", "updated_at", "use_weight", "use_count", "last_used_at", 
                  "chars")
 
 
-def feature_columns(table: str = "") -> str:
+def feature_columns(table: str = "", chunk: str | None = None) -> str:
     """The select list of ``FEATURE_NAMES`` from ``documents`` (``table``: the alias it has in the statement).
 
     ``chars`` (what the short-thought penalty asks: is the thought at most 200 characters?) is the length of the
     thought's only chunk, its trimmed text, and NULL when it has more than one (a chunk holds up to ~250 tokens: a
     thought of two is far longer). ``length(content)`` read the whole document, every overflow page of it: at 30
     hits of 40,000 words that was ~6 ms of a search (bench/README.md). The chunk subquery reads two chunk rows at
-    most, by the ``chunks_by_parent`` index."""
+    most, by the ``chunks_by_parent`` index.
+
+    ``chunk``: the alias of a chunk of the same thought that the statement reads anyway (a hit's own chunk). The
+    thought has one chunk when no other is in ``chunks_by_parent``, which the index alone answers, and its length
+    is then that chunk's: no other chunk's pages are read (a cold hydration of 30 hits read ~60 more pages for the
+    subquery above, ~3.5 ms at 100,000 chunks; bench/README.md)."""
     at = f"{table}." if table else ""
     outer = at or "documents."
-    return ", ".join(at + name for name in FEATURE_NAMES[:-1]) + (
+    features = ", ".join(at + name for name in FEATURE_NAMES[:-1])
+    if chunk is not None:
+        return features + (
+            f", CASE WHEN {chunk}.kind = 'thought' AND {chunk}.parent_id = {outer}id AND NOT EXISTS (SELECT 1 FROM "
+            f"chunks fc WHERE fc.organization_id = {outer}organization_id AND fc.kind = 'thought' AND fc.parent_id = "
+            f"{outer}id AND fc.ordinal <> {chunk}.ordinal) THEN length({chunk}.content) END AS chars")
+    return features + (
         ", (SELECT CASE WHEN count(*) = 1 THEN length(max(f.content)) END FROM (SELECT fc.content FROM chunks fc "
         f"WHERE fc.organization_id = {outer}organization_id AND fc.kind = 'thought' AND fc.parent_id = {outer}id "
         "ORDER BY fc.ordinal LIMIT 2) AS f) AS chars")

@@ -24,7 +24,7 @@ def hydrate_columns(include_content: bool = False) -> str:
     30 of them cost more than the rest of a search (bench/README.md, bench_long_docs.py)."""
     content = "d.content" if include_content else "NULL AS content"
     return (f"c.id AS hydrated_chunk_id, c.content AS chunk_content, {content}, d.source, d.metadata, d.summary, "
-            "d.tags, d.created_at, " + feature_columns("d"))
+            "d.tags, d.created_at, " + feature_columns("d", chunk="c"))
 
 
 #: Candidates as a JSON array of [document id, chunk id] pairs -> a row per candidate still there. CROSS JOIN keeps
