@@ -85,8 +85,8 @@ def feature_columns(table: str = "", chunk: str | None = None) -> str:
 
     ``chunk``: the alias of a chunk of the same thought that the statement reads anyway (a hit's own chunk). The
     thought has one chunk when no other is in ``chunks_by_parent``, which the index alone answers, and its length
-    is then that chunk's: no other chunk's pages are read (a cold hydration of 30 hits read ~60 more pages for the
-    subquery above, ~3.5 ms at 100,000 chunks; bench/README.md)."""
+    is then that chunk's: no other chunk's row is read (the subquery above reads up to two per hit: for 30 hits on a
+    cold SQLite cache at 100,000 chunks, 2.6 -> 1.5 ms; bench/README.md)."""
     at = f"{table}." if table else ""
     outer = at or "documents."
     features = ", ".join(at + name for name in FEATURE_NAMES[:-1])
