@@ -83,9 +83,10 @@ async def _hydrate_thoughts(sql: OrgSql, group: list[Candidate], opts: SearchOpt
     if missing:
         # A search's few dozen candidates without their whole documents: primary-key lookups, read on the event loop
         # where the database can (``rows_now``; in a worker thread each row's step waits for the GIL on a busy server)
-        now = (sql.rows_now(_HYDRATE[False], [json.dumps(missing)])
+        params = [json.dumps(missing)]
+        now = (sql.rows_now(_HYDRATE[False], params)
                if not opts.include_content and len(missing) <= HYDRATE_NOW_MAX else None)
-        for r in now if now is not None else await sql.rows(_HYDRATE[opts.include_content], [json.dumps(missing)]):
+        for r in now if now is not None else await sql.rows(_HYDRATE[opts.include_content], params):
             found[(r["id"], r["hydrated_chunk_id"])] = r
     wanted = set(opts.tags)
     hits = []
