@@ -79,18 +79,22 @@ def test_the_wheel_carries_the_packages_the_migrations_and_the_tokenizer(wheel):
     assert {n.split("/")[0] for n in names} == {*PACKAGES, "memex-0.1.0.dist-info"}
     assert {f"memex_migrations/{p.name}" for p in (ROOT / "migrations").glob("*.sql")} <= names
     assert "services/adapters/assets/minilm-tokenizer.json" in names
+    # ONNX's schema, through which the embedder rewrites the model's graph for int8 compute, and its license
+    assert {"services/adapters/assets/onnx-ml.descriptor.binpb", "services/adapters/assets/ONNX-LICENSE"} <= names
     sources = {p.relative_to(ROOT).as_posix() for d in ("api", "tenancy", "services") for p in (ROOT / d).rglob("*.py")}
     assert sources <= names, sorted(sources - names)
 
 
 def test_the_installed_packages_are_the_wheels_not_the_repository(venv, tmp_path):
     probe = ("import sys, api, services, tenancy, memex_migrations, services.adapters.onnx_embedder as e; "
+             "from services.adapters.onnx_graph import int8_matmul_graph as g; "
              "print('\\n'.join([list(m.__path__)[0] for m in (api, services, tenancy, memex_migrations)] "
-             "+ [str(len(e.load_tokenizer_json()))] + sys.path))")
+             "+ [str(len(e.load_tokenizer_json())), str(g(e.default_model_path().read_bytes())[1])] + sys.path))")
     out = _run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=_clean_env()).stdout.splitlines()
-    files, size, path = out[:4], int(out[4]), out[5:]
+    files, size, converted, path = out[:4], int(out[4]), int(out[5]), out[6:]
     assert all(f.startswith(str(venv)) for f in files), files
     assert size > 100_000  # the tokenizer, read from the installed package data
+    assert converted == 36  # the graph rewrite works from the installed schema (no `onnx` package)
     assert not any(p and Path(p).resolve() == ROOT for p in path), path
 
 

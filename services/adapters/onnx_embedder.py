@@ -10,6 +10,12 @@ Embedding = mean of ``last_hidden_state`` over the attention mask, then L2-norma
 sentence-transformers does for this model. Inputs are truncated at 256 tokens (the model's
 ``max_seq_length``; the shipped ``tokenizer.json`` says 128, which we override).
 
+The package's graph dequantizes its int8 weights to float32 in front of float MatMuls. By default the embedder
+runs a rewrite of it that multiplies them as int8 (``services.adapters.onnx_graph``: a query ~25% faster, a
+bulk import ~1.2-1.3x, vectors within a cosine of ~1e-3 of the float graph's, SciFact nDCG@10 unchanged). On its
+first start on a machine it times both graphs and keeps the float one where int8 is not faster (a CPU without
+onnxruntime's int8 kernels); the choice and both optimised graphs are kept in the cache directory.
+
 The model and tokenizers load lazily, once, on first use, under a lock. Inference runs in a worker
 thread (``anyio.to_thread``) so the event loop is never blocked. Concurrent runs are not serialised:
 they share the session's intra-op thread pool, so a one-line search query interleaves with a capture's
@@ -31,9 +37,11 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import re
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +80,14 @@ _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ASCII_PRETOKEN = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
 _ASCII_PUNCTUATION = bytes([*range(33, 48), *range(58, 65), *range(91, 97), *range(123, 127)])
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
+#: The cached graphs' file names after ``minilm-<digest>-ort<version>-``.
+_GRAPH_FILES = {"int8": "int8mm.onnx", "float": "basic.onnx"}
+#: The int8-compute graph is kept when its vectors are the float graph's within this cosine (measured: >= 0.9989
+#: on SciFact, median 0.9994; SciFact nDCG@10 74.33 against 74.34: bench/README.md) ...
+_MIN_INT8_COSINE = 0.995
+#: ... and it is at most this much slower on the probe. With int8 kernels it is ~25% faster; without them
+#: onnxruntime dequantizes its weights at every run, ~3x slower: the margin only absorbs a noisy machine.
+_INT8_SLOWER_AT_MOST = 1.15
 
 
 def _package_dir(name: str) -> Path:
@@ -146,8 +162,9 @@ class OnnxMiniLMEmbedder:
         intra_op_num_threads: int | None = None,
         # 1: one text per model run, no padding, and the activations of one row (~25 MB) stay in the caches. On
         # 2 cores, SciFact chunks sorted by length, 64 texts per call: 50-52 chunks/s against 44 for runs of 8 (a
-        # 32-row run peaked at ~780 MB of activations; bench/README.md, Soak). The vectors are the same whatever
-        # the batch (cosine >= 0.9999998: each row is quantized on its own).
+        # 32-row run peaked at ~780 MB of activations; bench/README.md, Soak). On the float graph the vectors are
+        # the same whatever the batch (cosine >= 0.9999998); the int8-compute graph's several-row kernels round a
+        # little differently (cosine ~0.99986 against one row a run).
         batch_size: int = 1,
         query_cache_size: int = 1024,
         # The model as the basic graph optimisations leave it, saved on the first start and then loaded with none:
@@ -155,9 +172,18 @@ class OnnxMiniLMEmbedder:
         # builds the float graph beside the int8 one). None: optimise at every start (bench/README.md, Peak memory).
         # The service passes the user's cache directory (api/composition/backend.py, ``model_cache_dir``).
         optimized_cache_dir: str | os.PathLike[str] | None = None,
+        # Which graph runs the model: "int8" multiplies the package's int8 weights as int8 (MatMulNBits:
+        # services/adapters/onnx_graph.py; a query ~25% faster, vectors within a cosine of ~1e-3), "float" runs
+        # them dequantized to float32 as the package's graph says, "auto" times both once per machine and keeps
+        # int8 unless it is slower there or its vectors drift (``_choose_graph``).
+        graph: str = "auto",
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if graph not in ("auto", "int8", "float"):
+            raise ValueError("graph must be 'auto', 'int8' or 'float'")
+        self.graph = graph
+        self.graph_in_use: str | None = None  # "int8" or "float" once the model is loaded
         self._model_path = Path(model_path) if model_path is not None else None
         self._optimized_cache_dir = Path(optimized_cache_dir) if optimized_cache_dir is not None else None
         self._tokenizer_json = tokenizer_json
@@ -224,17 +250,10 @@ class OnnxMiniLMEmbedder:
             import onnxruntime as ort
 
             path = self._model_path or default_model_path()
-            cached = self._optimized_path(path, ort.__version__)
-            session = None
-            if cached is not None and cached.is_file():
-                try:
-                    session = self._new_session(ort, cached, optimize=False)
-                except Exception as exc:  # a damaged or foreign file: optimise the model again and replace it
-                    log.warning("optimised model %s unusable (%s): optimising %s again", cached, exc, path)
-                    with contextlib.suppress(OSError):
-                        cached.unlink(missing_ok=True)
+            cache = self._cache_paths(path, ort.__version__)
+            session = self._cached_session(ort, cache)
             if session is None:
-                session = self._optimize(ort, path, cached)
+                session = self._choose_graph(ort, path, cache)
             self._input_names = {i.name for i in session.get_inputs()}
             # The CPU arena keeps every block it ever grew to for the largest batch and the most concurrent
             # runs seen, and never gives it back (RSS climbed 0.13 -> 1.5 GB in a 4-minute soak, by steps).
@@ -244,6 +263,102 @@ class OnnxMiniLMEmbedder:
             self._run_options = run_options
             self._session = session
             return session
+
+    def _cached_session(self, ort: Any, cache: dict[str, Path] | None) -> Any:
+        """The graph chosen on an earlier start on this machine, loaded from the cache; None when there is none
+        (or it is for another CPU, or damaged: the choice is then made again and the files replaced)."""
+        if cache is None:
+            return None
+        graph = self.graph
+        if graph == "auto":
+            try:
+                record = json.loads(cache["choice"].read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            if not isinstance(record, dict) or record.get("machine") != _machine_signature():
+                return None
+            graph = record.get("graph")
+        if graph not in _GRAPH_FILES or not cache[graph].is_file():
+            return None
+        try:
+            session = self._new_session(ort, cache[graph], optimize=False)
+        except Exception as exc:  # a damaged or foreign file: build it again and replace it
+            log.warning("cached model %s unusable (%s): building it again", cache[graph], exc)
+            with contextlib.suppress(OSError):
+                cache[graph].unlink(missing_ok=True)
+            return None
+        self.graph_in_use = graph
+        return session
+
+    def _choose_graph(self, ort: Any, path: Path, cache: dict[str, Path] | None) -> Any:
+        """A session on the package's graph ("float") or on its int8-compute rewrite ("int8"), whichever
+        ``graph`` asks for; for "auto", both are timed on a few texts and the int8 one is kept unless it is
+        clearly slower (a CPU without onnxruntime's int8 kernels) or its vectors are not the float graph's
+        within ``_MIN_INT8_COSINE``. One session at a time, so start-up memory stays that of one graph. The
+        choice is recorded beside the cached graph, per machine."""
+        if self.graph == "float":
+            self.graph_in_use = "float"
+            return self._optimize(ort, path, cache and cache["float"], "float")
+        probe = _probe_texts()
+        if self.graph == "auto":  # measured first, and let go before the int8 graph is built
+            float_vectors, float_seconds = self._time_graph(
+                self._optimize(ort, path, cache and cache["float"], "float"), probe
+            )
+        int8_session = None
+        try:
+            from services.adapters.onnx_graph import int8_matmul_graph
+
+            converted, count = int8_matmul_graph(path.read_bytes())
+            if count:
+                int8_session = self._optimize(ort, converted, cache and cache["int8"], "int8")
+            del converted
+        except Exception as exc:  # an unexpected graph or operator: the float graph serves
+            log.warning("cannot build the int8-compute graph of %s (%s): using the float graph", path, exc)
+        if int8_session is not None and self.graph == "int8":
+            self.graph_in_use = "int8"
+            return int8_session
+        keep_int8 = False
+        if int8_session is not None:
+            int8_vectors, int8_seconds = self._time_graph(int8_session, probe)
+            agreement = float(np.min(np.sum(float_vectors * int8_vectors, axis=1)))
+            keep_int8 = agreement >= _MIN_INT8_COSINE and int8_seconds <= _INT8_SLOWER_AT_MOST * float_seconds
+            log.info(
+                "embedding graph: %s (probe %.1f ms int8 against %.1f ms float, cosine >= %.5f)",
+                "int8" if keep_int8 else "float", int8_seconds * 1e3, float_seconds * 1e3, agreement,
+            )
+            if cache is not None and self.graph == "auto":
+                record = {
+                    "graph": "int8" if keep_int8 else "float", "machine": _machine_signature(),
+                    "probe_ms": {"int8": round(int8_seconds * 1e3, 2), "float": round(float_seconds * 1e3, 2)},
+                    "min_cosine": round(agreement, 6),
+                }
+                _write_atomically(cache["choice"], json.dumps(record).encode())
+        if cache is not None:
+            with contextlib.suppress(OSError):  # the losing graph is not kept (~60-90 MB)
+                cache["float" if keep_int8 else "int8"].unlink(missing_ok=True)
+        if keep_int8:
+            self.graph_in_use = "int8"
+            return int8_session
+        del int8_session
+        self.graph_in_use = "float"
+        if cache is not None and cache["float"].is_file():
+            with contextlib.suppress(Exception):
+                return self._new_session(ort, cache["float"], optimize=False)
+        return self._optimize(ort, path, cache and cache["float"], "float")
+
+    def _time_graph(self, session: Any, texts: list[str]) -> tuple[np.ndarray, float]:
+        """The vectors of ``texts`` through ``session`` (one text a run, as the embedder runs them), and the
+        best of three timings of the whole set (the least disturbed by other work on the machine)."""
+        inputs = {i.name for i in session.get_inputs()}
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
+        vectors = np.stack([_pool(*self._feeds_for([e], inputs), session, None)[0] for e in encodings])
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            for encoding in encodings:
+                _pool(*self._feeds_for([encoding], inputs), session, None)
+            best = min(best, time.perf_counter() - started)
+        return vectors, best
 
     def _session_options(self, ort: Any, *, optimize: bool) -> Any:
         options = ort.SessionOptions()
@@ -267,20 +382,21 @@ class OnnxMiniLMEmbedder:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return options
 
-    def _new_session(self, ort: Any, path: Path, *, optimize: bool, save_to: Path | None = None) -> Any:
+    def _new_session(self, ort: Any, model: Path | bytes, *, optimize: bool, save_to: Path | None = None) -> Any:
         options = self._session_options(ort, optimize=optimize)
         if save_to is not None:
             options.optimized_model_filepath = str(save_to)
-        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        source = model if isinstance(model, bytes) else str(model)
+        return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
 
-    def _optimize(self, ort: Any, path: Path, cached: Path | None) -> Any:
-        """A session on the model file, optimised now; the optimised graph is saved to ``cached`` on the way
-        (written beside it, then renamed: a concurrent start never reads half a file)."""
+    def _optimize(self, ort: Any, model: Path | bytes, cached: Path | None, label: str) -> Any:
+        """A session on ``model`` (a file, or a graph in memory), optimised now; the optimised graph is saved to
+        ``cached`` on the way (written beside it, then renamed: a concurrent start never reads half a file)."""
         if cached is not None:
             tmp = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 cached.parent.mkdir(parents=True, exist_ok=True)
-                session = self._new_session(ort, path, optimize=True, save_to=tmp)
+                session = self._new_session(ort, model, optimize=True, save_to=tmp)
                 os.replace(tmp, cached)
                 return session
             except Exception as exc:  # a read-only or full disk: serve without the cache
@@ -288,13 +404,14 @@ class OnnxMiniLMEmbedder:
                 with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
         try:
-            return self._new_session(ort, path, optimize=True)
+            return self._new_session(ort, model, optimize=True)
         except Exception as exc:
-            raise BackendError(f"cannot load the MiniLM ONNX model: {exc}", details={"path": str(path)}) from exc
+            where = {"path": str(model)} if isinstance(model, Path) else {"graph": label}
+            raise BackendError(f"cannot load the MiniLM ONNX model ({label} graph): {exc}", details=where) from exc
 
-    def _optimized_path(self, model: Path, ort_version: str) -> Path | None:
-        """Where the optimised model is kept: named by the model file's digest and onnxruntime's version (the
-        saved graph may use operators of that version only)."""
+    def _cache_paths(self, model: Path, ort_version: str) -> dict[str, Path] | None:
+        """Where the optimised graphs and the choice between them are kept: named by the model file's digest and
+        onnxruntime's version (a saved graph may use operators of that version only)."""
         if self._optimized_cache_dir is None:
             return None
         try:
@@ -302,7 +419,10 @@ class OnnxMiniLMEmbedder:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
         except OSError:
             return None
-        return self._optimized_cache_dir / f"minilm-{digest}-ort{ort_version}-basic.onnx"
+        stem = self._optimized_cache_dir / f"minilm-{digest}-ort{ort_version}"
+        paths = {graph: stem.with_name(f"{stem.name}-{suffix}") for graph, suffix in _GRAPH_FILES.items()}
+        paths["choice"] = stem.with_name(f"{stem.name}-graph.json")
+        return paths
 
     def warm_up(self) -> None:
         """Load tokenizer and model now (blocking) instead of on first use, and start the thread pools they use."""
@@ -452,7 +572,8 @@ class OnnxMiniLMEmbedder:
             out[idx] = self._run([encodings[i] for i in idx])
         return out
 
-    def _run(self, encodings: list[Any]) -> np.ndarray:
+    def _feeds_for(self, encodings: list[Any], inputs: set[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The model's inputs for ``encodings`` (padded to the longest), and the attention mask."""
         width = max(len(e.ids) for e in encodings)
         n = len(encodings)
         input_ids = np.zeros((n, width), dtype=np.int64)
@@ -464,7 +585,11 @@ class OnnxMiniLMEmbedder:
             attention[row, :k] = 1
             type_ids[row, :k] = enc.type_ids
         feeds = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": type_ids}
-        feeds = {k: v for k, v in feeds.items() if k in self._input_names}
+        return {k: v for k, v in feeds.items() if k in inputs}, attention
+
+    def _run(self, encodings: list[Any]) -> np.ndarray:
+        feeds, attention = self._feeds_for(encodings, self._input_names)
+        n, width = attention.shape
         # Each concurrent run holds its own activations (~150 MB for 6 x 256 tokens): 8 captures embedding
         # at once took RSS to 1.3-1.7 GB, for no throughput (2 cores). Runs of several texts wait while
         # others hold MAX_TOKENS_IN_FLIGHT; a one-text run (a query, a capture's first chunk) never waits.
@@ -475,7 +600,7 @@ class OnnxMiniLMEmbedder:
                     self._budget.wait()
                 self._in_flight += cost
         try:
-            (hidden,) = self._session.run(["last_hidden_state"], feeds, self._run_options)
+            return _pool(feeds, attention, self._session, self._run_options)
         except Exception as exc:
             raise BackendError(f"MiniLM inference failed: {exc}") from exc
         finally:
@@ -483,10 +608,57 @@ class OnnxMiniLMEmbedder:
                 with self._budget:
                     self._in_flight -= cost
                     self._budget.notify_all()
-        mask = attention[:, :, None].astype(np.float32)
-        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+def _pool(feeds: dict[str, np.ndarray], attention: np.ndarray, session: Any, run_options: Any) -> np.ndarray:
+    """One model run: the mean of ``last_hidden_state`` over the attention mask, L2-normalised (as
+    sentence-transformers does for this model)."""
+    (hidden,) = session.run(["last_hidden_state"], feeds, run_options)
+    mask = attention[:, :, None].astype(np.float32)
+    pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+    return (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+def _probe_texts() -> list[str]:
+    """What the graphs are timed and compared on: query-length lines (a search's run) and two paragraphs of
+    ~200 tokens (a chunk's), English words the vocabulary knows whole and in pieces."""
+    words = (
+        "the retention policy for customer records was changed after the audit found that backups of staging "
+        "databases were kept for ninety days while production snapshots expired after thirty so the team agreed "
+        "to align both schedules encrypt every archive and document the decision in the runbook before friday"
+    ).split()
+    queries = [" ".join(words[i : i + 9]) for i in range(0, len(words) - 8, 6)]
+    paragraphs = [" ".join((words * 6)[shift : shift + 160]) for shift in (0, 7)]
+    return queries + paragraphs
+
+
+def _machine_signature() -> str:
+    """What the graph choice depends on: the CPU (its model and feature flags on Linux), the architecture and
+    the core count. A cache directory carried to another machine is measured again there."""
+    parts = [platform.machine(), platform.processor(), str(os.cpu_count())]
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            seen: set[str] = set()
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part") and key not in seen:
+                    seen.add(key)
+                    parts.append(line.strip())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary file and a rename; a cache that cannot be written is skipped."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot write %s (%s): the graph is chosen again at the next start", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 class WordPieceCount:
