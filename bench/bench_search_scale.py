@@ -208,9 +208,16 @@ def main() -> int:
                 cpu1 = cpu_seconds(proc.pid)
                 again = [search_once(c, q) for q in qs]
             log(f"{args.clients} concurrent clients")
+            # Where the 2 cores go under load: the server's CPU and this process's (the client threads': httpx,
+            # on the same cores), per search
+            srv0, cli0 = cpu_seconds(proc.pid), time.process_time()
             conc, rate = concurrent(base, state["key"], qs, args.clients)
+            srv1, cli1 = cpu_seconds(proc.pid), time.process_time()
             out["server"] = {"rss_mb_loaded": rss_loaded, "rss_mb_end": rss_mb(proc.pid),
-                             "cpu_ms_per_search": round((cpu1 - cpu0) * 1000 / len(qs), 1) if cpu0 is not None else None}
+                             "cpu_ms_per_search": round((cpu1 - cpu0) * 1000 / len(qs), 1) if cpu0 is not None else None,
+                             "clients_cpu_ms_per_search": {
+                                 "server": round((srv1 - srv0) * 1000 / len(conc), 1) if srv0 is not None else None,
+                                 "bench_clients": round((cli1 - cli0) * 1000 / len(conc), 1)}}
         out["disk_mb"] = disk_mb(Path(data_dir))
     http = {"first": summary(first), "again": summary(again),
             f"clients_{args.clients}": {**summary(conc), "req_per_s": round(rate, 1)}}
@@ -246,6 +253,9 @@ def main() -> int:
     s = out["server"]
     print(f"  server RSS {s['rss_mb_loaded']} MB loaded, {s['rss_mb_end']} MB after; CPU {s['cpu_ms_per_search']} ms per search; "
           f"data on disk {out['disk_mb']} MB")
+    split = s["clients_cpu_ms_per_search"]
+    print(f"  under {args.clients} clients, CPU per search: server {split['server']} ms, the bench's client threads "
+          f"{split['bench_clients']} ms (both on this machine's cores)")
     print(json.dumps(out))
     return 0
 
