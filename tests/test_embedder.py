@@ -136,6 +136,20 @@ def float_graph() -> OnnxMiniLMEmbedder:
     return embedder
 
 
+@pytest.fixture(scope="module")
+def int8_graph() -> OnnxMiniLMEmbedder:
+    embedder = OnnxMiniLMEmbedder(graph="int8")
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture
+def same_graph(float_graph, int8_graph):
+    """The reference for an embedder's vectors: one pinned to the graph it chose. "auto" times both graphs on a
+    loaded machine, so two embedders may choose differently (their vectors then agree to ~0.999, not 0.99999)."""
+    return lambda embedder: float_graph if embedder.graph_in_use == "float" else int8_graph
+
+
 def plain_model_vectors(texts: list[str]) -> np.ndarray:
     """The package's model file run as it is, every graph optimisation off, mean-pooled: the model's own vectors."""
     import onnxruntime as ort
@@ -172,11 +186,11 @@ async def test_the_session_options_leave_the_models_vectors_unchanged(float_grap
         assert cos(vector, expected) > 0.9999
 
 
-async def test_the_int8_compute_graph_keeps_the_models_vectors_and_ranking(minilm, float_graph):
-    # The default on this machine (x86-64 with AVX2 or ARM64: onnxruntime has int8 kernels for both) multiplies
-    # the package's int8 weights as int8. Its activations are quantized too, so vectors move, but only a little,
-    # and what a search returns must not: the same nearest text for every query.
-    assert minilm.graph_in_use == "int8"
+async def test_the_int8_compute_graph_keeps_the_models_vectors_and_ranking(float_graph):
+    # The graph "auto" picks where onnxruntime has int8 kernels (x86-64 with AVX2, ARM64) multiplies the package's
+    # int8 weights as int8. Its activations are quantized too, so vectors move, but only a little, and what a search
+    # returns must not: the same nearest text for every query. (Which graph "auto" picks here is timed on a shared
+    # machine, so not asserted; the rule it applies is tested with the timings given.)
     int8 = OnnxMiniLMEmbedder(graph="int8")
     texts = SHAPES[:5] + [
         "The TLS certificate of the staging cluster expires on Friday.",
@@ -467,20 +481,20 @@ def test_hash_embedder_count_tokens():
     assert embedder.count_tokens("one two  three\nfour") == 4
 
 
-async def test_the_chosen_graph_is_saved_once_and_gives_the_same_vectors(tmp_path, minilm):
+async def test_the_chosen_graph_is_saved_once_and_gives_the_same_vectors(tmp_path, same_graph):
     # Both graphs are built, timed and compared on the first start, and the chosen one is loaded as it was saved
     # on the next (a lower start-up memory peak, no second measurement): a user's vectors must not move.
     texts = [words_text(n, seed=n) for n in (3, 41, 300)]
-    reference = await minilm.embed(texts)
     cache = tmp_path / "cache"
     first = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
     got_first = await first.embed(texts)
+    reference = await same_graph(first).embed(texts)
     saved = {p.name.rsplit("-", 1)[1]: p for p in cache.iterdir()}
-    kept = "int8mm.onnx" if minilm.graph_in_use == "int8" else "basic.onnx"
+    kept = "int8mm.onnx" if first.graph_in_use == "int8" else "basic.onnx"
     assert sorted(saved) == sorted([kept, "graph.json"])  # the chosen graph only
     assert all(p.name.startswith("minilm-") for p in saved.values())
     record = json.loads(saved["graph.json"].read_text())
-    assert record["graph"] == first.graph_in_use == minilm.graph_in_use and record["min_cosine"] >= 0.995
+    assert record["graph"] == first.graph_in_use and record["min_cosine"] >= 0.995
     stamps = {name: p.stat().st_mtime_ns for name, p in saved.items()}
     second = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
     got_second = await second.embed(texts)
@@ -542,7 +556,7 @@ async def test_the_float_graph_serves_when_the_int8_rewrite_fails(tmp_path, mini
     assert not list(cache.glob("*-int8mm.onnx"))
 
 
-async def test_a_damaged_optimised_model_is_replaced(tmp_path, minilm):
+async def test_a_damaged_optimised_model_is_replaced(tmp_path, same_graph):
     cache = tmp_path / "cache"
     OnnxMiniLMEmbedder(optimized_cache_dir=cache).warm_up()
     (choice,) = cache.glob("*-graph.json")
@@ -550,16 +564,20 @@ async def test_a_damaged_optimised_model_is_replaced(tmp_path, minilm):
     saved.write_bytes(b"not a model")
     healed = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
     text = words_text(50, seed=5)
-    assert cos((await healed.embed([text]))[0], (await minilm.embed([text]))[0]) > 0.99999
-    assert saved.stat().st_size > 1_000_000  # built and saved again
+    vector = (await healed.embed([text]))[0]
+    assert cos(vector, (await same_graph(healed).embed([text]))[0]) > 0.99999
+    # built and saved again (the graph timed again may be the other one: both are near in speed on some machines)
+    (rebuilt,) = cache.glob("*-int8mm.onnx" if healed.graph_in_use == "int8" else "*-basic.onnx")
+    assert rebuilt.stat().st_size > 1_000_000
 
 
-async def test_an_unwritable_cache_directory_still_serves(tmp_path, minilm):
+async def test_an_unwritable_cache_directory_still_serves(tmp_path, same_graph):
     blocker = tmp_path / "cache"
     blocker.write_text("a file where the directory would go")
     embedder = OnnxMiniLMEmbedder(optimized_cache_dir=blocker)
     text = words_text(20, seed=2)
-    assert cos((await embedder.embed([text]))[0], (await minilm.embed([text]))[0]) > 0.99999
+    vector = (await embedder.embed([text]))[0]
+    assert cos(vector, (await same_graph(embedder).embed([text]))[0]) > 0.99999
 
 
 def test_the_service_keeps_the_optimised_model_in_the_users_cache_directory(tmp_path, monkeypatch):
