@@ -186,12 +186,12 @@ async def test_the_session_options_leave_the_models_vectors_unchanged(float_grap
         assert cos(vector, expected) > 0.9999
 
 
-async def test_the_int8_compute_graph_keeps_the_models_vectors_and_ranking(float_graph):
+async def test_the_int8_compute_graph_keeps_the_models_vectors_and_ranking(float_graph, int8_graph):
     # The graph "auto" picks where onnxruntime has int8 kernels (x86-64 with AVX2, ARM64) multiplies the package's
     # int8 weights as int8. Its activations are quantized too, so vectors move, but only a little, and what a search
     # returns must not: the same nearest text for every query. (Which graph "auto" picks here is timed on a shared
     # machine, so not asserted; the rule it applies is tested with the timings given.)
-    int8 = OnnxMiniLMEmbedder(graph="int8")
+    int8 = int8_graph
     texts = SHAPES[:5] + [
         "The TLS certificate of the staging cluster expires on Friday.",
         "Grandma's apple pie uses cinnamon and brown sugar.",
