@@ -556,19 +556,42 @@ async def test_the_float_graph_serves_when_the_int8_rewrite_fails(tmp_path, mini
     assert not list(cache.glob("*-int8mm.onnx"))
 
 
-async def test_a_damaged_optimised_model_is_replaced(tmp_path, same_graph):
+@pytest.mark.parametrize(
+    ("recorded", "retimed_would_pick", "damage"),
+    [("int8", "float", "garbage"), ("float", "int8", "missing")],
+)
+async def test_a_damaged_optimised_model_is_rebuilt_as_the_graph_recorded(
+    tmp_path, float_graph, int8_graph, monkeypatch, recorded, retimed_would_pick, damage
+):
+    # A cached graph that is damaged (a torn copy) or gone (a cleaned cache) is built again, and it is the graph
+    # recorded for this machine, not a new timing's pick: the two graphs' vectors differ slightly, and stored
+    # vectors and new query vectors must come from one graph. The timing is steered to the other graph, so a
+    # rebuild that timed again would be seen.
     cache = tmp_path / "cache"
     OnnxMiniLMEmbedder(optimized_cache_dir=cache).warm_up()
     (choice,) = cache.glob("*-graph.json")
-    (saved,) = cache.glob("*-int8mm.onnx" if json.loads(choice.read_text())["graph"] == "int8" else "*-basic.onnx")
-    saved.write_bytes(b"not a model")
+    record = {**json.loads(choice.read_text()), "graph": recorded, "probe_ms": {"int8": 1.0, "float": 1.0}}
+    choice.write_text(json.dumps(record))
+    stem = choice.name.removesuffix("-graph.json")
+    for leftover in cache.glob("*.onnx"):
+        leftover.unlink()
+    saved = cache / f"{stem}-{'int8mm' if recorded == 'int8' else 'basic'}.onnx"
+    if damage == "garbage":
+        saved.write_bytes(b"not a model")
+    monkeypatch.setattr(
+        "services.adapters.onnx_embedder._INT8_SLOWER_AT_MOST", 0.01 if retimed_would_pick == "float" else 100.0
+    )
     healed = OnnxMiniLMEmbedder(optimized_cache_dir=cache)
     text = words_text(50, seed=5)
     vector = (await healed.embed([text]))[0]
-    assert cos(vector, (await same_graph(healed).embed([text]))[0]) > 0.99999
-    # built and saved again (the graph timed again may be the other one: both are near in speed on some machines)
-    (rebuilt,) = cache.glob("*-int8mm.onnx" if healed.graph_in_use == "int8" else "*-basic.onnx")
-    assert rebuilt.stat().st_size > 1_000_000
+    assert healed.graph_in_use == recorded
+    reference = int8_graph if recorded == "int8" else float_graph
+    assert cos(vector, (await reference.embed([text]))[0]) > 0.99999
+    assert json.loads(choice.read_text()) == record  # not timed again
+    assert saved.stat().st_size > 1_000_000  # built and saved again
+    again = OnnxMiniLMEmbedder(optimized_cache_dir=cache)  # and loaded as saved on the next start
+    again.warm_up()
+    assert again.graph_in_use == recorded
 
 
 async def test_an_unwritable_cache_directory_still_serves(tmp_path, same_graph):

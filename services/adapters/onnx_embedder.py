@@ -14,7 +14,8 @@ The package's graph dequantizes its int8 weights to float32 in front of float Ma
 runs a rewrite of it that multiplies them as int8 (``services.adapters.onnx_graph``: a query ~25% faster, a
 bulk import ~1.2-1.3x, vectors within a cosine of ~1e-3 of the float graph's, SciFact nDCG@10 unchanged). On its
 first start on a machine it times both graphs and keeps the float one where int8 is not faster (a CPU without
-onnxruntime's int8 kernels); the choice and both optimised graphs are kept in the cache directory.
+onnxruntime's int8 kernels); the choice and the chosen optimised graph are kept in the cache directory, and a
+cached graph found damaged or missing later is rebuilt as the graph recorded, without timing again.
 
 The model and tokenizers load lazily, once, on first use, under a lock. Inference runs in a worker
 thread (``anyio.to_thread``) so the event loop is never blocked. Concurrent runs are not serialised:
@@ -251,9 +252,10 @@ class OnnxMiniLMEmbedder:
 
             path = self._model_path or default_model_path()
             cache = self._cache_paths(path, ort.__version__)
-            session = self._cached_session(ort, cache)
+            recorded = self._recorded_graph(cache)
+            session = self._cached_session(ort, cache, recorded)
             if session is None:
-                session = self._choose_graph(ort, path, cache)
+                session = self._choose_graph(ort, path, cache, recorded)
             self._input_names = {i.name for i in session.get_inputs()}
             # The CPU arena keeps every block it ever grew to for the largest batch and the most concurrent
             # runs seen, and never gives it back (RSS climbed 0.13 -> 1.5 GB in a 4-minute soak, by steps).
@@ -264,20 +266,26 @@ class OnnxMiniLMEmbedder:
             self._session = session
             return session
 
-    def _cached_session(self, ort: Any, cache: dict[str, Path] | None) -> Any:
-        """The graph chosen on an earlier start on this machine, loaded from the cache; None when there is none
-        (or it is for another CPU, or damaged: the choice is then made again and the files replaced)."""
+    def _recorded_graph(self, cache: dict[str, Path] | None) -> str | None:
+        """For "auto", the graph chosen on an earlier start on this machine, as recorded beside the cache; None
+        when there is no record, or it is unreadable or for another CPU (the choice is then made again)."""
+        if cache is None or self.graph != "auto":
+            return None
+        try:
+            record = json.loads(cache["choice"].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("machine") != _machine_signature():
+            return None
+        graph = record.get("graph")
+        return graph if graph in _GRAPH_FILES else None
+
+    def _cached_session(self, ort: Any, cache: dict[str, Path] | None, recorded: str | None) -> Any:
+        """The graph chosen on an earlier start on this machine (or the one ``graph`` pins), loaded from the
+        cache; None when it is not there or damaged (the file is then removed, and built again)."""
         if cache is None:
             return None
-        graph = self.graph
-        if graph == "auto":
-            try:
-                record = json.loads(cache["choice"].read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return None
-            if not isinstance(record, dict) or record.get("machine") != _machine_signature():
-                return None
-            graph = record.get("graph")
+        graph = recorded if self.graph == "auto" else self.graph
         if graph not in _GRAPH_FILES or not cache[graph].is_file():
             return None
         try:
@@ -290,17 +298,22 @@ class OnnxMiniLMEmbedder:
         self.graph_in_use = graph
         return session
 
-    def _choose_graph(self, ort: Any, path: Path, cache: dict[str, Path] | None) -> Any:
+    def _choose_graph(self, ort: Any, path: Path, cache: dict[str, Path] | None, recorded: str | None = None) -> Any:
         """A session on the package's graph ("float") or on its int8-compute rewrite ("int8"), whichever
         ``graph`` asks for; for "auto", both are timed on a few texts and the int8 one is kept unless it is
         clearly slower (a CPU without onnxruntime's int8 kernels) or its vectors are not the float graph's
         within ``_MIN_INT8_COSINE``. One session at a time, so start-up memory stays that of one graph. The
-        choice is recorded beside the cached graph, per machine."""
-        if self.graph == "float":
+        choice is recorded beside the cached graph, per machine.
+
+        A choice already recorded on this machine (``recorded``: its cached file was missing or damaged) is
+        built again as it was, not timed again: the two graphs' vectors differ slightly (cosine ~0.999), and an
+        organization's stored vectors and its new query vectors must come from one graph."""
+        want = recorded or self.graph
+        if want == "float":
             self.graph_in_use = "float"
             return self._optimize(ort, path, cache and cache["float"], "float")
         probe = _probe_texts()
-        if self.graph == "auto":  # measured first, and let go before the int8 graph is built
+        if want == "auto":  # measured first, and let go before the int8 graph is built
             float_vectors, float_seconds = self._time_graph(
                 self._optimize(ort, path, cache and cache["float"], "float"), probe
             )
@@ -314,7 +327,7 @@ class OnnxMiniLMEmbedder:
             del converted
         except Exception as exc:  # an unexpected graph or operator: the float graph serves
             log.warning("cannot build the int8-compute graph of %s (%s): using the float graph", path, exc)
-        if int8_session is not None and self.graph == "int8":
+        if int8_session is not None and want == "int8":
             self.graph_in_use = "int8"
             return int8_session
         keep_int8 = False
