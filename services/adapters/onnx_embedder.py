@@ -252,10 +252,10 @@ class OnnxMiniLMEmbedder:
 
             path = self._model_path or default_model_path()
             cache = self._cache_paths(path, ort.__version__)
-            recorded = self._recorded_graph(cache)
-            session = self._cached_session(ort, cache, recorded)
+            want = self._recorded_graph(cache) or self.graph  # "auto" only when no choice is recorded yet
+            session = self._cached_session(ort, cache, want)
             if session is None:
-                session = self._choose_graph(ort, path, cache, recorded)
+                session = self._choose_graph(ort, path, cache, want)
             self._input_names = {i.name for i in session.get_inputs()}
             # The CPU arena keeps every block it ever grew to for the largest batch and the most concurrent
             # runs seen, and never gives it back (RSS climbed 0.13 -> 1.5 GB in a 4-minute soak, by steps).
@@ -280,12 +280,12 @@ class OnnxMiniLMEmbedder:
         graph = record.get("graph")
         return graph if graph in _GRAPH_FILES else None
 
-    def _cached_session(self, ort: Any, cache: dict[str, Path] | None, recorded: str | None) -> Any:
-        """The graph chosen on an earlier start on this machine (or the one ``graph`` pins), loaded from the
-        cache; None when it is not there or damaged (the file is then removed, and built again)."""
+    def _cached_session(self, ort: Any, cache: dict[str, Path] | None, graph: str) -> Any:
+        """``graph`` (the one recorded on an earlier start on this machine, or the one ``self.graph`` pins), loaded
+        from the cache; None when it is not there or damaged (the file is then removed, and built again), or when
+        ``graph`` is "auto" (nothing recorded yet)."""
         if cache is None:
             return None
-        graph = recorded if self.graph == "auto" else self.graph
         if graph not in _GRAPH_FILES or not cache[graph].is_file():
             return None
         try:
@@ -298,17 +298,16 @@ class OnnxMiniLMEmbedder:
         self.graph_in_use = graph
         return session
 
-    def _choose_graph(self, ort: Any, path: Path, cache: dict[str, Path] | None, recorded: str | None = None) -> Any:
+    def _choose_graph(self, ort: Any, path: Path, cache: dict[str, Path] | None, want: str) -> Any:
         """A session on the package's graph ("float") or on its int8-compute rewrite ("int8"), whichever
-        ``graph`` asks for; for "auto", both are timed on a few texts and the int8 one is kept unless it is
+        ``want`` asks for; for "auto", both are timed on a few texts and the int8 one is kept unless it is
         clearly slower (a CPU without onnxruntime's int8 kernels) or its vectors are not the float graph's
         within ``_MIN_INT8_COSINE``. One session at a time, so start-up memory stays that of one graph. The
         choice is recorded beside the cached graph, per machine.
 
-        A choice already recorded on this machine (``recorded``: its cached file was missing or damaged) is
-        built again as it was, not timed again: the two graphs' vectors differ slightly (cosine ~0.999), and an
-        organization's stored vectors and its new query vectors must come from one graph."""
-        want = recorded or self.graph
+        A choice already recorded on this machine (``want`` is then that graph: its cached file was missing or
+        damaged) is built again as it was, not timed again: the two graphs' vectors differ slightly (cosine
+        ~0.999), and an organization's stored vectors and its new query vectors must come from one graph."""
         if want == "float":
             self.graph_in_use = "float"
             return self._optimize(ort, path, cache and cache["float"], "float")
@@ -339,7 +338,7 @@ class OnnxMiniLMEmbedder:
                 "embedding graph: %s (probe %.1f ms int8 against %.1f ms float, cosine >= %.5f)",
                 "int8" if keep_int8 else "float", int8_seconds * 1e3, float_seconds * 1e3, agreement,
             )
-            if cache is not None and self.graph == "auto":
+            if cache is not None and want == "auto":
                 record = {
                     "graph": "int8" if keep_int8 else "float", "machine": _machine_signature(),
                     "probe_ms": {"int8": round(int8_seconds * 1e3, 2), "float": round(float_seconds * 1e3, 2)},
