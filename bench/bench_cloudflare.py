@@ -185,6 +185,10 @@ def per_unit(counts: dict, n: int) -> dict:
         **{k: round(counts.get(k, 0) / n, 3) for k in ("d1", "vectorize", "ai", "other")},
         "by_op": {op: round(v / n, 3) for op, v in sorted(counts.get("by_op", {}).items())},
         "raw_total": counts.get("total", 0),
+        # D1 requests to the control database (keys, organizations, the routing table) against every
+        # organization's own: a cached key's revocation look (tenancy/keys.py) is one control request per 0.5 s
+        # per process while requests arrive, however many arrive, so it is a per-process cost, not a per-unit one.
+        "control_d1": round(counts.get("by_database", {}).get(DB, 0) / n, 3),
         "non_200": {s: v for s, v in counts.get("by_status", {}).items() if s != "200"},
     }
 
@@ -383,6 +387,10 @@ def main() -> int:
         if name in result:
             ph = result[name]
             print(f"{label}, net of idle polling over the phase's {ph['seconds']} s: {ph['net_of_idle_per_unit']:g}")
+    print(f"per search, D1 requests to the control database: {s['total']['control_d1']:g} (API-key revocation looks, at "
+          f"most one per 0.5 s per process while requests arrive: {s['total']['control_d1'] * s['n'] / s['seconds']:.2f}/s "
+          f"over this phase's {s['n'] / s['seconds']:.1f} searches/s); to the organization's database: "
+          f"{s['total']['d1'] - s['total']['control_d1']:g}")
     print(f"single capture ack: p50 {cap['ack_ms']['p50']} ms, p95 {cap['ack_ms']['p95']} ms;  "
           f"search: p50 {s['latency_ms']['p50']} ms, p95 {s['latency_ms']['p95']} ms, {s['mean_hits']:.1f} hits")
     print(f"bulk: {b['n']} acked in {b['acked_s']} s, drained in {b['drained_s']} s")
