@@ -176,20 +176,11 @@ def select(root: Path, n_docs: int | None, n_queries: int | None) -> tuple[list[
 
 # -- 1. the raw embedder -------------------------------------------------------------------------------------
 
-def service_cache_dir() -> Path:
-    """The cache directory the service gives its embedder (``model_cache_dir`` in api/composition/backend.py, which
-    mem0's interpreter cannot import: it has no litestar). Built with it, an embedder loads the graph recorded for
-    this machine, the one the Memex server embeds with, instead of timing both graphs again: on this shared machine
-    their speeds move from day to day, and the raw ceiling and mem0's embedder would run the other graph."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "memex" if xdg else Path.home() / ".cache" / "memex"
-
-
 def raw_embedder(texts: list[str], batches: list[int], sample: int, code_root: Path) -> dict:
     """OnnxMiniLMEmbedder (from ``code_root``) over (the first ``sample`` of) the texts, sorted longest first (so
     each batch pads little), ``batch`` texts per call, for each batch size; and the corpus's token counts."""
     sys.path.insert(0, str(code_root))
-    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, user_cache_dir
 
     counter = OnnxMiniLMEmbedder()
     tokens = [counter.count_tokens(t) for t in texts]
@@ -198,7 +189,9 @@ def raw_embedder(texts: list[str], batches: list[int], sample: int, code_root: P
                  "sample": min(sample, len(texts)), "docs_per_s": {}}
     ordered = sorted(texts[:sample], key=len, reverse=True)
     for batch in batches:
-        emb = OnnxMiniLMEmbedder(batch_size=batch, optimized_cache_dir=service_cache_dir())
+        # The service's cache directory: the graph recorded for this machine, the one the Memex server embeds
+        # with, not a new timing's pick (the two graphs' speeds move from day to day on this shared machine).
+        emb = OnnxMiniLMEmbedder(batch_size=batch, optimized_cache_dir=user_cache_dir())
         emb.warm_up()
         t0 = time.perf_counter()
         for i in range(0, len(ordered), batch):
@@ -421,14 +414,14 @@ def mem0_worker(payload_path: str, out_path: str) -> int:
     from mem0 import Memory
     from mem0.embeddings.base import EmbeddingBase
 
-    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+    from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, user_cache_dir
 
     class MemexMiniLM(EmbeddingBase):
         """mem0 embedder: Memex's all-MiniLM-L6-v2 int8 ONNX (same weights, tokenizer and pooling)."""
 
         def __init__(self, config=None):
             super().__init__(config)
-            self.model = OnnxMiniLMEmbedder(optimized_cache_dir=service_cache_dir())
+            self.model = OnnxMiniLMEmbedder(optimized_cache_dir=user_cache_dir())
 
         def embed(self, text, memory_action=None):
             return self.model.embed_sync([text])[0].tolist()

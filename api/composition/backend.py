@@ -7,7 +7,6 @@ its port (``checked``): one that lacks a member is refused at start-up, naming t
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from services.adapters.cloudflare import D1Database, VectorizeIndex
 from services.adapters.hash_embedder import HashEmbedder
 from services.adapters.llm import OpenAICompatibleLLM, WorkersAILLM, WorkersAIRerankerPort
 from services.adapters.local_vectors import LocalVectorIndex
-from services.adapters.onnx_embedder import OnnxMiniLMEmbedder
+from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, user_cache_dir
 from services.adapters.sqlite import SqliteDatabase
 from services.errors import InvalidInput
 from services.ports import LLM, Embedder, Reranker, SqlDatabase, VectorIndex, require
@@ -91,13 +90,7 @@ def model_cache_dir(settings: Settings) -> Path:
     """Where the local embedder keeps its optimised model: the user's cache directory (``$XDG_CACHE_HOME/memex``,
     else ``~/.cache/memex``), shared by every data directory and every start on the machine; the data directory's
     ``cache/`` when there is no home. A file derived from the installed model, never downloaded."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg) / "memex"
-    try:
-        return Path.home() / ".cache" / "memex"
-    except RuntimeError:
-        return settings.data_dir / "cache"
+    return user_cache_dir() or settings.data_dir / "cache"
 
 
 def embedder_for(settings: Settings, http: httpx.AsyncClient | None) -> Embedder:

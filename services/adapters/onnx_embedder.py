@@ -105,6 +105,19 @@ def default_model_path() -> Path:
     return _package_dir(_MODEL_PACKAGE) / "model.onnx"
 
 
+def user_cache_dir() -> Path | None:
+    """The user's cache directory for the optimised model and its graph record: ``$XDG_CACHE_HOME/memex``, else
+    ``~/.cache/memex``; None when there is no home. Shared by every data directory and every start on the machine
+    (the service's ``model_cache_dir``, and the benches that must load the graph recorded for the service)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "memex"
+    try:
+        return Path.home() / ".cache" / "memex"
+    except RuntimeError:
+        return None
+
+
 def load_tokenizer_json() -> str:
     """all-MiniLM-L6-v2's ``tokenizer.json`` (the uncased BERT WordPiece vocabulary and pipeline, Apache-2.0),
     shipped in this package: a vocabulary, not model weights."""
