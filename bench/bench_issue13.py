@@ -180,7 +180,7 @@ def table(res: dict[str, dict[str, Any] | None]) -> list[tuple[str, Any, str, bo
         lambda v: v <= 3)
     add("Cloudflare requests per single capture", dig(cf, "capture", "net_of_idle_per_unit"))
     add("Cloudflare requests per search", dig(cf, "search", "net_of_idle_per_unit"), "<= 3", lambda v: v <= 3)
-    add("  of which D1 to the control database (key revocation looks: per process-second)",
+    add("  of which D1 to the control database (key revocation looks: a rate per process, not per search)",
         dig(cf, "search", "total", "control_d1"))
     m = res.get("mem0")
     ratios = dig(m, "ratios_memex_over_mem0") or {}
