@@ -1,0 +1,113 @@
+"""How much of the exact top 100 a cheaper first pass of the vector index keeps, on real MiniLM vectors.
+
+The local vector index (services.adapters.vector_matrix) scores every row with an int8 pass, then rescores its best
+``2 * depth + 100`` rows (300 for a search's depth of 100) in float32. That pass is a memory-bound scan of the int8
+matrix (bench/README.md, "Where the pass's time goes"). A sign-bit pass would read 8x fewer bytes. This bench
+measures what it would lose: SciFact's abstracts, chunked as the service chunks them, and its queries, embedded with
+the service's MiniLM graph (the embedder and cache `memex serve` uses); for each first pass and candidate count, the
+share of the exact float32 top 100 (R@100) and top 10 (R@10) that rescoring the candidates in float32 gives back.
+
+    .venv/bin/python bench/bench_first_stage.py --cache /tmp/first-stage     # ~10-20 min to embed on 2 cores, once
+
+The embeddings are kept in ``--cache`` (``chunks.npy``, ``queries.npy``) and reused when present. Product defaults:
+the local MiniLM embedder, the service's chunk size and overlap. Nothing here changes a setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_scifact import DEFAULT_DATA, content_of, load_corpus, load_queries  # noqa: E402
+
+from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, user_cache_dir  # noqa: E402
+from services.adapters.vector_matrix import quantize  # noqa: E402
+from services.text.chunking import chunk_text, default_chunk_params  # noqa: E402
+
+DEPTH = 100
+
+
+def embeddings(dataset: Path, cache: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(chunks x 384, queries x 384), unit rows; embedded once and kept in ``cache``."""
+    cache.mkdir(parents=True, exist_ok=True)
+    xs, qs = cache / "chunks.npy", cache / "queries.npy"
+    if not (xs.exists() and qs.exists()):
+        emb = OnnxMiniLMEmbedder(optimized_cache_dir=user_cache_dir())
+        max_tokens, overlap = default_chunk_params(emb)
+        chunks = [c for d in load_corpus(dataset)
+                  for c in chunk_text(content_of(d), count_tokens=emb.count_tokens, max_tokens=max_tokens,
+                                      overlap_tokens=overlap)]
+        queries = list(load_queries(dataset).values())
+        print(f"embedding {len(chunks)} chunks and {len(queries)} queries", flush=True)
+        t0 = time.perf_counter()
+        np.save(qs, emb.embed_sync(queries))
+        parts = []
+        for i in range(0, len(chunks), 64):
+            parts.append(emb.embed_sync(chunks[i:i + 64]))
+            if i % 1280 == 0:
+                print(f"  {i}/{len(chunks)} chunks, {time.perf_counter() - t0:.0f} s", flush=True)
+        np.save(xs, np.vstack(parts))
+        print(f"embedded in {time.perf_counter() - t0:.0f} s with the {emb.graph_in_use} graph", flush=True)
+    x, q = np.load(xs).astype(np.float32), np.load(qs).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    return x, q
+
+
+def best(scores: np.ndarray, k: int) -> np.ndarray:
+    """Per row of ``scores``, the columns of its ``k`` largest (any order)."""
+    return np.argpartition(-scores, k - 1, axis=1)[:, :k]
+
+
+def recall(first: np.ndarray, exact: np.ndarray, candidates: int) -> tuple[float, float]:
+    """R@100 and R@10 of rescoring each query's ``candidates`` best rows by ``first`` with the exact scores."""
+    top100, top10 = best(exact, DEPTH), best(exact, 10)
+    cand = best(first, candidates)
+    r100 = r10 = 0.0
+    for i in range(len(exact)):
+        ranked = cand[i][np.argsort(-exact[i, cand[i]], kind="stable")]
+        r100 += len(set(top100[i]) & set(ranked[:DEPTH])) / DEPTH
+        r10 += len(set(top10[i]) & set(ranked[:10])) / 10
+    return r100 / len(exact), r10 / len(exact)
+
+
+def signs(m: np.ndarray) -> np.ndarray:
+    s = np.sign(m)
+    s[s == 0] = 1
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default=str(DEFAULT_DATA), help="BEIR SciFact directory")
+    ap.add_argument("--cache", required=True, help="directory for the embeddings (reused when present)")
+    args = ap.parse_args()
+    x, q = embeddings(Path(args.dataset), Path(args.cache))
+    n = len(x)
+    print(f"{n} chunks, {len(q)} queries; exact = float32 cosine, top {DEPTH}")
+    exact = q @ x.T
+    q8, inv = quantize(x)
+    qq, _ = quantize(q)
+    int8 = (qq.astype(np.int32) @ q8.astype(np.int32).T).astype(np.float32) * inv[None, :]
+    rows = [("int8 (today)", int8, [2 * DEPTH + 100])]
+    mean = x.mean(axis=0)
+    rows.append(("sign bits", signs(q) @ signs(x).T, [300, 500, 1000, 2000, 4000]))
+    rows.append(("sign bits, centred", signs(q - mean) @ signs(x - mean).T, [1000, 2000]))
+    print("| first pass | candidates | share of rows | R@100 | R@10 |\n|---|---|---|---|---|")
+    for name, first, counts in rows:
+        for c in counts:
+            if c <= n:
+                r100, r10 = recall(first, exact, c)
+                print(f"| {name} | {c:,} | {100 * c / n:.1f}% | {r100:.4f} | {r10:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
