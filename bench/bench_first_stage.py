@@ -9,8 +9,9 @@ share of the exact float32 top 100 (R@100) and top 10 (R@10) that rescoring the 
 
     .venv/bin/python bench/bench_first_stage.py --cache /tmp/first-stage     # ~10-20 min to embed on 2 cores, once
 
-The embeddings are kept in ``--cache`` (``chunks.npy``, ``queries.npy``) and reused when present. Product defaults:
-the local MiniLM embedder, the service's chunk size and overlap. Nothing here changes a setting.
+The embeddings are kept in ``--cache`` (``chunks.npy``, ``queries.npy``; ``chunks-N.npy`` with ``--docs N``) and
+reused when present. Product defaults: the local MiniLM embedder, the service's chunk size and overlap. Nothing here
+changes a setting.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ from services.text.chunking import chunk_text, default_chunk_params  # noqa: E40
 DEPTH = 100
 
 
-def embeddings(dataset: Path, cache: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(chunks x 384, queries x 384), unit rows; embedded once and kept in ``cache``."""
+def embeddings(dataset: Path, cache: Path, docs: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(chunks x 384, queries x 384), unit rows; embedded once and kept in ``cache`` (``docs``: the first that many
+    abstracts only, for a quick look, cached apart from the whole corpus's)."""
     cache.mkdir(parents=True, exist_ok=True)
-    xs, qs = cache / "chunks.npy", cache / "queries.npy"
+    xs, qs = cache / ("chunks.npy" if docs is None else f"chunks-{docs}.npy"), cache / "queries.npy"
     if not (xs.exists() and qs.exists()):
         emb = OnnxMiniLMEmbedder(optimized_cache_dir=user_cache_dir())
         max_tokens, overlap = default_chunk_params(emb)
-        chunks = [c for d in load_corpus(dataset)
+        chunks = [c for d in load_corpus(dataset)[:docs]
                   for c in chunk_text(content_of(d), count_tokens=emb.count_tokens, max_tokens=max_tokens,
                                       overlap_tokens=overlap)]
         queries = list(load_queries(dataset).values())
@@ -89,8 +91,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default=str(DEFAULT_DATA), help="BEIR SciFact directory")
     ap.add_argument("--cache", required=True, help="directory for the embeddings (reused when present)")
+    ap.add_argument("--docs", type=int, help="embed only the first N abstracts (a quick look; default: all 5,183)")
     args = ap.parse_args()
-    x, q = embeddings(Path(args.dataset), Path(args.cache))
+    x, q = embeddings(Path(args.dataset), Path(args.cache), args.docs)
     n = len(x)
     print(f"{n} chunks, {len(q)} queries; exact = float32 cosine, top {DEPTH}")
     exact = q @ x.T
