@@ -1,7 +1,7 @@
 """How much of the exact top 100 a cheaper first pass of the vector index keeps, on real MiniLM vectors.
 
 The local vector index (services.adapters.vector_matrix) scores every row with an int8 pass, then rescores its best
-``2 * depth + 100`` rows (300 for a search's depth of 100) in float32. That pass is a memory-bound scan of the int8
+``rescored(depth)`` rows (300 for a search's depth of 100) in float32. That pass is a memory-bound scan of the int8
 matrix (bench/README.md, "Where the pass's time goes"). A sign-bit pass would read 8x fewer bytes. This bench
 measures what it would lose: SciFact's abstracts, chunked as the service chunks them, and its queries, embedded with
 the service's MiniLM graph (the embedder and cache `memex serve` uses); for each first pass and candidate count, the
@@ -30,10 +30,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_scifact import DEFAULT_DATA, content_of, load_corpus, load_queries  # noqa: E402
 
 from services.adapters.onnx_embedder import OnnxMiniLMEmbedder, user_cache_dir  # noqa: E402
-from services.adapters.vector_matrix import quantize  # noqa: E402
+from services.adapters.vector_matrix import quantize, rescored  # noqa: E402
+from services.search.fusion import VECTOR_DEPTH as DEPTH  # noqa: E402
 from services.text.chunking import chunk_text, default_chunk_params  # noqa: E402
-
-DEPTH = 100
 
 
 def embeddings(dataset: Path, cache: Path, docs: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -69,9 +68,10 @@ def best(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-scores, k - 1, axis=1)[:, :k]
 
 
-def recall(first: np.ndarray, exact: np.ndarray, candidates: int) -> tuple[float, float]:
-    """R@100 and R@10 of rescoring each query's ``candidates`` best rows by ``first`` with the exact scores."""
-    top100, top10 = best(exact, DEPTH), best(exact, 10)
+def recall(first: np.ndarray, exact: np.ndarray, top100: np.ndarray, top10: np.ndarray,
+           candidates: int) -> tuple[float, float]:
+    """R@100 and R@10 of rescoring each query's ``candidates`` best rows by ``first`` with the ``exact`` scores
+    (``top100`` / ``top10``: each query's exact best, ``best(exact, ...)``)."""
     cand = best(first, candidates)
     r100 = r10 = 0.0
     for i in range(len(exact)):
@@ -97,10 +97,11 @@ def main() -> None:
     n = len(x)
     print(f"{n} chunks, {len(q)} queries; exact = float32 cosine, top {DEPTH}")
     exact = q @ x.T
+    top100, top10 = best(exact, DEPTH), best(exact, 10)
     q8, inv = quantize(x)
     qq, _ = quantize(q)
     int8 = (qq.astype(np.int32) @ q8.astype(np.int32).T).astype(np.float32) * inv[None, :]
-    rows = [("int8 (today)", int8, [2 * DEPTH + 100])]
+    rows = [("int8 (today)", int8, [rescored(DEPTH)])]
     mean = x.mean(axis=0)
     rows.append(("sign bits", signs(q) @ signs(x).T, [300, 500, 1000, 2000, 4000]))
     rows.append(("sign bits, centred", signs(q - mean) @ signs(x - mean).T, [1000, 2000]))
@@ -108,7 +109,7 @@ def main() -> None:
     for name, first, counts in rows:
         for c in counts:
             if c <= n:
-                r100, r10 = recall(first, exact, c)
+                r100, r10 = recall(first, exact, top100, top10, c)
                 print(f"| {name} | {c:,} | {100 * c / n:.1f}% | {r100:.4f} | {r10:.4f} |", flush=True)
 
 

@@ -250,7 +250,7 @@ class Namespace:
         else:
             if approx is None:
                 approx = self._approx(q, subset)
-            cand = _best(approx, min(m, 2 * depth + 100))
+            cand = _best(approx, min(m, rescored(depth)))
             rows = cand if subset is None else subset[cand]
             scores = self.mat[rows] @ q
         take = min(depth, len(rows))
@@ -292,6 +292,11 @@ class Namespace:
         for i in np.flatnonzero(verdicts[: self.n] < 0).tolist():
             m = metas[i]
             verdicts[i] = bool(predicate(loads(m) if type(m) is str else m))
+
+
+def rescored(depth: int) -> int:
+    """How many of the int8 pass's best rows are rescored in float32 for the best ``depth`` (the module docstring)."""
+    return 2 * depth + 100
 
 
 def _best(values: np.ndarray, c: int) -> np.ndarray:
