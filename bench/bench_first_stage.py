@@ -8,10 +8,17 @@ the service's MiniLM graph (the embedder and cache `memex serve` uses); for each
 share of the exact float32 top 100 (R@100) and top 10 (R@10) that rescoring the candidates in float32 gives back.
 
     .venv/bin/python bench/bench_first_stage.py --cache /tmp/first-stage     # ~10-20 min to embed on 2 cores, once
+    .venv/bin/python bench/bench_first_stage.py --index DIR                  # the vectors of a kept search-scale set
 
 The embeddings are kept in ``--cache`` (``chunks.npy``, ``queries.npy``; ``chunks-N.npy`` with ``--docs N``) and
 reused when present. Product defaults: the local MiniLM embedder, the service's chunk size and overlap. Nothing here
 changes a setting.
+
+``--index DIR`` reads the vectors instead from a data directory kept by ``bench_search_scale.py --embedder local
+--keep`` (~100,000 MiniLM chunks of bench_foundation's notes, as the service stored them: its largest namespace)
+and embeds that bench's queries (``--queries``, the same seed), so the candidate share can be read at 10x SciFact's
+size. Such a set is only meaningful when it was loaded with MiniLM (``--embedder local``); a hash-embedded set is
+refused.
 """
 
 from __future__ import annotations
@@ -63,6 +70,30 @@ def embeddings(dataset: Path, cache: Path, docs: int | None) -> tuple[np.ndarray
     return x, q
 
 
+def kept_index(data_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(chunks x 384, queries x 384), unit rows: the largest namespace of the organization's vector file in a kept
+    bench_search_scale.py data directory, and that bench's first ``count`` distinct queries, embedded as the service
+    embeds a query."""
+    import sqlite3
+
+    from bench_foundation import queries
+
+    (path,) = list((data_dir / "orgs").glob("*/vectors.sqlite3"))
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        model = dict(db.execute("SELECT key, value FROM meta").fetchall()).get("model")
+        emb = OnnxMiniLMEmbedder(optimized_cache_dir=user_cache_dir())
+        if model != emb.model_id:
+            raise SystemExit(f"{path} holds {model} vectors, not {emb.model_id}: load it with --embedder local")
+        (ns,) = db.execute("SELECT namespace FROM vectors GROUP BY namespace ORDER BY COUNT(*) DESC LIMIT 1").fetchone()
+        blobs = [b for (b,) in db.execute('SELECT "values" FROM vectors WHERE namespace = ?', (ns,))]
+    x = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).copy()
+    qs = list(dict.fromkeys(queries(count * 4, seed=7)))[:count]  # bench_search_scale.py's queries
+    q = emb.embed_sync(qs).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    return x, q
+
+
 def best(scores: np.ndarray, k: int) -> np.ndarray:
     """Per row of ``scores``, the columns of its ``k`` largest (any order)."""
     return np.argpartition(-scores, k - 1, axis=1)[:, :k]
@@ -90,21 +121,29 @@ def signs(m: np.ndarray) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default=str(DEFAULT_DATA), help="BEIR SciFact directory")
-    ap.add_argument("--cache", required=True, help="directory for the embeddings (reused when present)")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--cache", help="directory for the SciFact embeddings (reused when present)")
+    source.add_argument("--index", help="a data directory kept by bench_search_scale.py --embedder local --keep")
     ap.add_argument("--docs", type=int, help="embed only the first N abstracts (a quick look; default: all 5,183)")
+    ap.add_argument("--queries", type=int, default=200, help="with --index: distinct queries (default 200, as there)")
     args = ap.parse_args()
-    x, q = embeddings(Path(args.dataset), Path(args.cache), args.docs)
+    if args.index:
+        x, q = kept_index(Path(args.index), args.queries)
+    else:
+        x, q = embeddings(Path(args.dataset), Path(args.cache), args.docs)
     n = len(x)
     print(f"{n} chunks, {len(q)} queries; exact = float32 cosine, top {DEPTH}")
     exact = q @ x.T
     top100, top10 = best(exact, DEPTH), best(exact, 10)
     q8, inv = quantize(x)
     qq, _ = quantize(q)
-    int8 = (qq.astype(np.int32) @ q8.astype(np.int32).T).astype(np.float32) * inv[None, :]
+    # int8 products summed over 384 dimensions stay below 2**24, so a float32 product of the int8 values is exact
+    int8 = (qq.astype(np.float32) @ q8.astype(np.float32).T) * inv[None, :]
     rows = [("int8 (today)", int8, [rescored(DEPTH)])]
     mean = x.mean(axis=0)
-    rows.append(("sign bits", signs(q) @ signs(x).T, [300, 500, 1000, 2000, 4000]))
-    rows.append(("sign bits, centred", signs(q - mean) @ signs(x - mean).T, [1000, 2000]))
+    shares = [300, 500, 1000, 2000, 4000] if n < 50_000 else [1000, 2000, 4000, 8000, 16000, 20000]
+    rows.append(("sign bits", signs(q) @ signs(x).T, shares))
+    rows.append(("sign bits, centred", signs(q - mean) @ signs(x - mean).T, shares[2:4]))
     print("| first pass | candidates | share of rows | R@100 | R@10 |\n|---|---|---|---|---|")
     for name, first, counts in rows:
         for c in counts:
