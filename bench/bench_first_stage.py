@@ -64,10 +64,13 @@ def embeddings(dataset: Path, cache: Path, docs: int | None) -> tuple[np.ndarray
                 print(f"  {i}/{len(chunks)} chunks, {time.perf_counter() - t0:.0f} s", flush=True)
         np.save(xs, np.vstack(parts))
         print(f"embedded in {time.perf_counter() - t0:.0f} s with the {emb.graph_in_use} graph", flush=True)
-    x, q = np.load(xs).astype(np.float32), np.load(qs).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    return x, q
+    return unit(np.load(xs)), unit(np.load(qs))
+
+
+def unit(m: np.ndarray) -> np.ndarray:
+    """``m``'s rows as float32 unit vectors (a copy)."""
+    m = m.astype(np.float32)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
 
 
 def kept_index(data_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +79,7 @@ def kept_index(data_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
     embeds a query."""
     import sqlite3
 
-    from bench_foundation import queries
+    from bench_search_scale import search_queries
 
     (path,) = list((data_dir / "orgs").glob("*/vectors.sqlite3"))
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
@@ -86,12 +89,8 @@ def kept_index(data_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
             raise SystemExit(f"{path} holds {model} vectors, not {emb.model_id}: load it with --embedder local")
         (ns,) = db.execute("SELECT namespace FROM vectors GROUP BY namespace ORDER BY COUNT(*) DESC LIMIT 1").fetchone()
         blobs = [b for (b,) in db.execute('SELECT "values" FROM vectors WHERE namespace = ?', (ns,))]
-    x = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).copy()
-    qs = list(dict.fromkeys(queries(count * 4, seed=7)))[:count]  # bench_search_scale.py's queries
-    q = emb.embed_sync(qs).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    return x, q
+    x = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+    return unit(x), unit(emb.embed_sync(search_queries(count)))
 
 
 def best(scores: np.ndarray, k: int) -> np.ndarray:

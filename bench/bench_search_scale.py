@@ -93,6 +93,11 @@ def load(c: httpx.Client, target_chunks: int, state: dict, save) -> dict:
     return {"notes": i, "chunks": chunks, "acked_s": round(acked, 1), "searchable_s": round(time.perf_counter() - t0, 1)}
 
 
+def search_queries(n: int) -> list[str]:
+    """The bench's ``n`` distinct queries (bench_first_stage.py --index embeds the same ones)."""
+    return list(dict.fromkeys(queries(n * 4, seed=7)))[:n]
+
+
 def search_once(c: httpx.Client, q: str) -> float:
     t0 = time.perf_counter()
     r = c.post("/v1/search", json={"query": q, "top_k": 10})
@@ -176,7 +181,7 @@ def main() -> int:
         settings[name] = value
         WHY.setdefault(name, "--set: a before/after comparison on the same data")
 
-    qs = list(dict.fromkeys(queries(args.queries * 4, seed=7)))[: args.queries]
+    qs = search_queries(args.queries)
     out: dict = {"bench": "search_scale", "settings": settings, "queries": len(qs)}
     with bench_data_dir(args.data_dir, "memex-search-scale-", args.keep) as data_dir:
         state_file = Path(data_dir) / "bench-state.json"
